@@ -1,0 +1,3 @@
+from llmswap.cli import main
+
+raise SystemExit(main())

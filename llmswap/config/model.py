@@ -1,0 +1,231 @@
+"""The resolved configuration: frozen dataclasses built by `loader.py`, never mutated afterwards.
+
+Every value here is final: macros expanded, `${PORT}` assigned, defaults applied (`ttl: -1` already
+replaced by `globalTTL`, `unloadTimeout: 0` by the global value, ...). YAML names are camelCase,
+Python names snake_case; the docstring of each field says which YAML key it comes from when the
+two differ beyond case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+DEFAULT_GROUP_ID = "(default)"
+DEFAULT_CONCURRENCY_LIMIT = 10
+DEFAULT_HEALTH_CHECK_TIMEOUT = 120.0
+MIN_HEALTH_CHECK_TIMEOUT = 15.0
+DEFAULT_UNLOAD_TIMEOUT = 10.0
+DEFAULT_START_PORT = 5800
+DEFAULT_MAX_REQUEST_BODY = 32 * 1024 * 1024
+DEFAULT_UPSTREAM_IGNORE_PATHS = (r".*\.(js|json|css|png|gif|jpg|jpeg|ico|txt)$",)
+
+EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """`models.<id>.timeouts` / `peers.<id>.timeouts`: upstream transport, seconds, 0 = no limit."""
+
+    connect: float = 30.0
+    keepalive: float = 30.0
+    response_header: float = 0.0
+    tls_handshake: float = 10.0
+    expect_continue: float = 1.0
+    idle_conn: float = 90.0
+
+
+@dataclass(frozen=True)
+class Filters:
+    """`filters:` of a model or a peer, applied to JSON request bodies."""
+
+    strip_params: tuple[str, ...] = ()  # split, trimmed, deduplicated, sorted, `model` removed
+    set_params: Mapping[str, Any] = EMPTY  # `model` removed
+    set_params_by_id: Mapping[str, Mapping[str, Any]] = EMPTY  # requested name -> params
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """`models.<id>.capabilities`, rendered in `/v1/models`."""
+
+    input: tuple[str, ...] = ()  # YAML `in`, subset of text/audio/image
+    output: tuple[str, ...] = ()  # YAML `out`
+    tools: bool = False
+    reranker: bool = False
+    context: int = 0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    id: str
+    cmd: tuple[str, ...]  # argv, split like a POSIX shell; never run through a shell
+    cmd_text: str = ""  # the expanded command line (comment lines removed), shown by /running
+    cmd_stop: tuple[str, ...] = ()  # argv; the literal `${PID}` is substituted at stop time
+    proxy: str = ""  # upstream base URL
+    check_endpoint: str = "/health"  # "none" = ready as soon as spawned
+    ttl: float = 0.0  # effective (after globalTTL); 0 = never unload
+    unload_timeout: float = DEFAULT_UNLOAD_TIMEOUT  # effective graceful-stop seconds
+    health_check_timeout: float = DEFAULT_HEALTH_CHECK_TIMEOUT  # effective, bounds a whole start
+    aliases: tuple[str, ...] = ()  # declared aliases (setParamsByID auto-aliases are in Config.aliases)
+    env: tuple[tuple[str, str], ...] = ()  # added to the parent environment, in order
+    use_model_name: str = ""
+    unlisted: bool = False
+    name: str = ""
+    description: str = ""
+    concurrency_limit: int = DEFAULT_CONCURRENCY_LIMIT  # effective (0 in YAML means 10)
+    filters: Filters = field(default_factory=Filters)
+    metadata: Mapping[str, Any] = EMPTY
+    send_loading_state: bool = False  # effective (per-model override or the global value)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    ignore_websockets: bool = False  # YAML `compat.ignoreWebsockets`
+    capabilities: Capabilities | None = None
+    port: int | None = None  # the `${PORT}` assigned to this model, if its cmd used one
+    vram: int | None = None  # llmswap: declared memory footprint in bytes (YAML `vram: 6.5GB`)
+    gpus: tuple[int, ...] | None = None  # llmswap: pinned devices (YAML `gpus`, else CUDA_VISIBLE_DEVICES)
+    persistent: bool = False  # llmswap: the vram router never evicts it (groups have their own flag)
+    line: int = 0  # line of `models.<id>` in the config file, for messages
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """`peers.<id>`: a remote OpenAI-compatible backend."""
+
+    id: str
+    proxy: str
+    models: tuple[str, ...]
+    api_key: str = ""
+    filters: Filters = field(default_factory=Filters)
+    timeouts: Timeouts = field(default_factory=lambda: Timeouts(response_header=60.0))
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """A group of the group router (`routing.router.settings.groups.<id>`, legacy `groups.<id>`)."""
+
+    id: str
+    swap: bool = True
+    exclusive: bool = True
+    persistent: bool = False
+    members: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MatrixConfig:
+    """The matrix router's settings, already compiled (DSL parsed, vars resolved, `+ref`s ordered)."""
+
+    vars: Mapping[str, str] = EMPTY  # var -> real model id
+    evict_costs: Mapping[str, int] = EMPTY  # real model id -> cost (vars resolved); absent = 1
+    sets: tuple[tuple[str, str], ...] = ()  # (set name, DSL text) in compiled order
+    program: Any = None  # llmswap.scheduler.swappers.matrix_dsl.MatrixProgram
+
+
+@dataclass(frozen=True)
+class VramSettings:
+    """`routing.router.settings` when `routing.router.use: vram`."""
+
+    budget: int | None = None  # bytes; None = the devices' total memory minus reserve
+    reserve: int = 512 * 1024 * 1024  # bytes (default 0.5GB)
+    evict_costs: Mapping[str, float] = EMPTY  # real model id -> cost; absent = its measured load time
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    use: str = "group"  # group | matrix | vram
+    groups: Mapping[str, GroupConfig] = EMPTY  # always includes DEFAULT_GROUP_ID
+    matrix: MatrixConfig | None = None
+    vram: VramSettings = field(default_factory=VramSettings)
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """`routing.scheduler.settings.batch`."""
+
+    max_wait: float = 30.0  # seconds a request may wait because of batching before its model goes next
+    min_residency: float = 10.0  # seconds a freshly loaded model is protected from eviction unless idle
+    priority: Mapping[str, int] = EMPTY  # real model id -> priority
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """`routing.scheduler.admission`: bounds on waiting requests; applies to every scheduler."""
+
+    max_queue: int = 0  # global bound on waiting requests, 0 = unbounded
+    max_queue_per_model: int = 0  # per-model bound on waiting requests, 0 = unbounded
+    policy: str = "reject"  # reject | shed-lowest
+    queue_timeout: float = 0.0  # seconds; 0 = wait as long as it takes
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    use: str = "fifo"  # fifo | batch
+    priority: Mapping[str, int] = EMPTY  # fifo.priority: real model id -> priority (higher first)
+    batch: BatchSettings = field(default_factory=BatchSettings)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    router: RouterConfig = field(default_factory=RouterConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """An `apiKeys` entry: a plain string, or an object with `key`, `priority`, `maxConcurrent`."""
+
+    key: str
+    priority: int = 0
+    max_concurrent: int = 0  # 0 = unlimited
+
+
+@dataclass(frozen=True)
+class TaskTypeConfig:
+    """`tasks.types.<name>`."""
+
+    name: str
+    model: str  # real model id
+    vram: int | None = None  # bytes; None = the model's footprint under the vram router
+
+
+@dataclass(frozen=True)
+class TasksConfig:
+    """`tasks:`: the durable task queue (Peregrine adapter)."""
+
+    db: Path
+    max_queue_depth: int = 500
+    types: Mapping[str, TaskTypeConfig] = EMPTY
+    priority: int = -10  # tasks run below interactive requests by default
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path | None = None
+    models: Mapping[str, ModelConfig] = EMPTY
+    aliases: Mapping[str, str] = EMPTY  # alias (incl. setParamsByID auto-aliases) -> model id
+    peers: Mapping[str, PeerConfig] = EMPTY
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    health_check_timeout: float = DEFAULT_HEALTH_CHECK_TIMEOUT
+    start_port: int = DEFAULT_START_PORT
+    global_ttl: float = 0.0
+    unload_timeout: float = DEFAULT_UNLOAD_TIMEOUT
+    log_level: str = "info"
+    log_to_stdout: str = "proxy"
+    log_time_format: str = ""
+    send_loading_state: bool = False
+    include_aliases_in_list: bool = False
+    api_keys: tuple[ApiKey, ...] = ()
+    preload: tuple[str, ...] = ()  # hooks.on_startup.preload, resolved to real model ids
+    upstream_ignore_paths: tuple[str, ...] = DEFAULT_UPSTREAM_IGNORE_PATHS  # regexes
+    max_request_body: int = DEFAULT_MAX_REQUEST_BODY  # llmswap: YAML `maxRequestBodySize`
+    state_dir: Path | None = None  # llmswap: YAML `stateDir`, where learned footprints persist
+    tasks: TasksConfig | None = None
+    warnings: tuple[str, ...] = ()  # unknown keys and silent adjustments, each naming file:line
+
+    def real_model_name(self, name: str) -> str | None:
+        """The model id a requested name refers to (an id first, then an alias), or None."""
+        if name in self.models:
+            return name
+        return self.aliases.get(name)

@@ -1,0 +1,18 @@
+"""The states of an upstream process, shared by the process machinery and the schedulers."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ProcessState(str, Enum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    SHUTDOWN = "shutdown"  # terminal: the router is gone, the process never starts again
+
+    @property
+    def is_running(self) -> bool:
+        """Whether the process occupies resources (llama-swap's RunningModels: not stopped, not shutdown)."""
+        return self in (ProcessState.STARTING, ProcessState.READY, ProcessState.STOPPING)
