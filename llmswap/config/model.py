@@ -26,6 +26,12 @@ DEFAULT_UPSTREAM_IGNORE_PATHS = (r".*\.(js|json|css|png|gif|jpg|jpeg|ico|txt)$",
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
+def _no_entries() -> Any:
+    # dataclasses reject an unhashable default such as a mappingproxy; a factory returning the
+    # shared read-only EMPTY is equivalent.
+    return field(default_factory=lambda: EMPTY)
+
+
 @dataclass(frozen=True)
 class Timeouts:
     """`models.<id>.timeouts` / `peers.<id>.timeouts`: upstream transport, seconds, 0 = no limit."""
@@ -43,8 +49,8 @@ class Filters:
     """`filters:` of a model or a peer, applied to JSON request bodies."""
 
     strip_params: tuple[str, ...] = ()  # split, trimmed, deduplicated, sorted, `model` removed
-    set_params: Mapping[str, Any] = EMPTY  # `model` removed
-    set_params_by_id: Mapping[str, Mapping[str, Any]] = EMPTY  # requested name -> params
+    set_params: Mapping[str, Any] = _no_entries()  # `model` removed
+    set_params_by_id: Mapping[str, Mapping[str, Any]] = _no_entries()  # requested name -> params
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,7 @@ class ModelConfig:
     description: str = ""
     concurrency_limit: int = DEFAULT_CONCURRENCY_LIMIT  # effective (0 in YAML means 10)
     filters: Filters = field(default_factory=Filters)
-    metadata: Mapping[str, Any] = EMPTY
+    metadata: Mapping[str, Any] = _no_entries()
     send_loading_state: bool = False  # effective (per-model override or the global value)
     timeouts: Timeouts = field(default_factory=Timeouts)
     ignore_websockets: bool = False  # YAML `compat.ignoreWebsockets`
@@ -116,8 +122,8 @@ class GroupConfig:
 class MatrixConfig:
     """The matrix router's settings, already compiled (DSL parsed, vars resolved, `+ref`s ordered)."""
 
-    vars: Mapping[str, str] = EMPTY  # var -> real model id
-    evict_costs: Mapping[str, int] = EMPTY  # real model id -> cost (vars resolved); absent = 1
+    vars: Mapping[str, str] = _no_entries()  # var -> real model id
+    evict_costs: Mapping[str, int] = _no_entries()  # real model id -> cost (vars resolved); absent = 1
     sets: tuple[tuple[str, str], ...] = ()  # (set name, DSL text) in compiled order
     program: Any = None  # llmswap.scheduler.swappers.matrix_dsl.MatrixProgram
 
@@ -128,13 +134,13 @@ class VramSettings:
 
     budget: int | None = None  # bytes; None = the devices' total memory minus reserve
     reserve: int = 512 * 1024 * 1024  # bytes (default 0.5GB)
-    evict_costs: Mapping[str, float] = EMPTY  # real model id -> cost; absent = its measured load time
+    evict_costs: Mapping[str, float] = _no_entries()  # real model id -> cost; absent = its measured load time
 
 
 @dataclass(frozen=True)
 class RouterConfig:
     use: str = "group"  # group | matrix | vram
-    groups: Mapping[str, GroupConfig] = EMPTY  # always includes DEFAULT_GROUP_ID
+    groups: Mapping[str, GroupConfig] = _no_entries()  # always includes DEFAULT_GROUP_ID
     matrix: MatrixConfig | None = None
     vram: VramSettings = field(default_factory=VramSettings)
 
@@ -145,7 +151,7 @@ class BatchSettings:
 
     max_wait: float = 30.0  # seconds a request may wait because of batching before its model goes next
     min_residency: float = 10.0  # seconds a freshly loaded model is protected from eviction unless idle
-    priority: Mapping[str, int] = EMPTY  # real model id -> priority
+    priority: Mapping[str, int] = _no_entries()  # real model id -> priority
 
 
 @dataclass(frozen=True)
@@ -161,7 +167,7 @@ class AdmissionConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
     use: str = "fifo"  # fifo | batch
-    priority: Mapping[str, int] = EMPTY  # fifo.priority: real model id -> priority (higher first)
+    priority: Mapping[str, int] = _no_entries()  # fifo.priority: real model id -> priority (higher first)
     batch: BatchSettings = field(default_factory=BatchSettings)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
 
@@ -196,16 +202,16 @@ class TasksConfig:
 
     db: Path
     max_queue_depth: int = 500
-    types: Mapping[str, TaskTypeConfig] = EMPTY
+    types: Mapping[str, TaskTypeConfig] = _no_entries()
     priority: int = -10  # tasks run below interactive requests by default
 
 
 @dataclass(frozen=True)
 class Config:
     path: Path | None = None
-    models: Mapping[str, ModelConfig] = EMPTY
-    aliases: Mapping[str, str] = EMPTY  # alias (incl. setParamsByID auto-aliases) -> model id
-    peers: Mapping[str, PeerConfig] = EMPTY
+    models: Mapping[str, ModelConfig] = _no_entries()
+    aliases: Mapping[str, str] = _no_entries()  # alias (incl. setParamsByID auto-aliases) -> model id
+    peers: Mapping[str, PeerConfig] = _no_entries()
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     health_check_timeout: float = DEFAULT_HEALTH_CHECK_TIMEOUT
     start_port: int = DEFAULT_START_PORT

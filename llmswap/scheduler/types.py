@@ -138,7 +138,7 @@ class Scheduler(Protocol):
 
 
 class Swapper(Protocol):
-    """Eviction policy: a pure function of its inputs. It may raise `CannotFit` when `target` can never run."""
+    """Eviction policy: a pure function of its inputs; raises `CannotFit` when `target` can never run."""
 
     def evictions_for(self, target: str, running: Sequence[str]) -> list[str]:
         """Models in `running` that must stop for `target` to run. Speculative: must not log or mutate."""
