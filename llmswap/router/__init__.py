@@ -1,1 +1,27 @@
-"""router"""
+"""Routers: process machinery (BaseRouter) plus one eviction policy each; `build_router` picks by config."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from llmswap.config.model import Config
+from llmswap.router.base import BaseRouter, ProcessFactory, ProcessLike, SwapFinished, SwapStarted
+
+
+def build_router(config: Config, *, process_factory: ProcessFactory | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> BaseRouter:
+    """The router `routing.router.use` names, over every model of `config`."""
+    use = config.routing.router.use
+    if use == "group":
+        from llmswap.router.group import GroupRouter
+
+        return GroupRouter(config, process_factory=process_factory, clock=clock)
+    if use == "matrix":
+        from llmswap.router.matrix import MatrixRouter
+
+        return MatrixRouter(config, process_factory=process_factory, clock=clock)
+    raise ValueError(f"routing.router.use: unknown router {use!r} (valid: group, matrix, vram)")
+
+
+__all__ = ["BaseRouter", "ProcessFactory", "ProcessLike", "SwapFinished", "SwapStarted", "build_router"]

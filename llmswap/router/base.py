@@ -1,0 +1,496 @@
+"""BaseRouter: owns the upstream processes, the event queue and the one run-loop task; implements `Effects`.
+
+Every scheduler call happens on `_run`, one event at a time, so scheduler state needs no locks. Slow work
+(stopping victims, starting a model, stopping processes for an unload) runs in tasks started by the
+`Effects` methods, and its completion comes back through the same queue as an event. A request waits on
+two futures of its `Waiter`: `admitted` (passed admission: a loading stream may start) and `granted`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from llmswap.config.model import Config, ModelConfig
+from llmswap.process.state import ProcessState
+from llmswap.scheduler.errors import SchedulerError, ShuttingDown, SwapFailed
+from llmswap.scheduler.types import (
+    Effects,
+    HandlerRequest,
+    ProcessStopped,
+    Scheduler,
+    SchedulerFactory,
+    SchedulerSnapshot,
+    ServeDone,
+    StopDone,
+    SwapDone,
+    SwapPlan,
+    Unload,
+)
+
+log = logging.getLogger("llmswap.router")
+
+
+class ProcessLike(Protocol):
+    """What the router needs of an upstream process (`llmswap.process.Process` in production)."""
+
+    id: str
+    config: ModelConfig
+
+    @property
+    def state(self) -> ProcessState: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def last_start_duration(self) -> float | None: ...
+    async def ensure_ready(self) -> None: ...
+    async def stop(self, timeout: float | None = None) -> None: ...
+    async def shutdown(self, timeout: float = 1.0) -> None: ...
+    def track_request(self) -> contextlib.AbstractContextManager[None]: ...
+
+
+ProcessFactory = Callable[[ModelConfig, Callable[[Any], None]], ProcessLike]
+
+
+@dataclass(eq=False)
+class Waiter:
+    """The router's side of one HandlerRequest: the futures its HTTP handler awaits."""
+
+    admitted: asyncio.Future[None]
+    granted: asyncio.Future[str]
+    on_position: Callable[[int], None] | None = None
+    position: int = 0
+    gone: bool = False  # the client left; grants must fail
+
+
+@dataclass(frozen=True)
+class _Request:
+    req: HandlerRequest
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    req: HandlerRequest
+
+
+@dataclass(frozen=True)
+class _Tick:
+    pass
+
+
+@dataclass(frozen=True)
+class _UnloadRequest:
+    unload: Unload
+    done: asyncio.Future[None]
+
+
+@dataclass(frozen=True)
+class _Shutdown:
+    pass
+
+
+@dataclass(frozen=True)
+class SwapStarted:
+    """Observer notification: a swap was committed (the plan says why)."""
+
+    plan: SwapPlan
+
+
+@dataclass(frozen=True)
+class SwapFinished:
+    """Observer notification: a swap ended; `error` is None on success."""
+
+    plan: SwapPlan
+    error: SchedulerError | None
+    duration: float
+
+
+@dataclass
+class _Swap:
+    plan: SwapPlan
+    task: asyncio.Task[None] | None = None
+    starting: bool = False  # past the evictions: cancelling the task now aborts the target's start
+    aborted: bool = False
+
+
+@dataclass
+class RouterStats:
+    """Counters the server's metrics read; mutated only on the loop thread."""
+
+    swaps_by_rule: dict[str, int] = field(default_factory=dict)
+    evictions: dict[str, int] = field(default_factory=dict)
+    swap_failures: int = 0
+
+
+Observer = Callable[[object], None]
+
+
+class BaseRouter(Effects):
+    """Process machinery + run loop. Concrete routers only choose the swapper and scheduler (`factory`)."""
+
+    def __init__(
+        self,
+        name: str,
+        config: Config,
+        factory: SchedulerFactory,
+        *,
+        process_factory: ProcessFactory | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        processes: Mapping[str, ProcessLike] | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.clock = clock
+        self.stats = RouterStats()
+        self._observers: list[Observer] = []
+        self._events: asyncio.Queue[object] = asyncio.Queue()
+        self._seq = itertools.count(1)
+        self._swaps: dict[str, _Swap] = {}
+        self._stop_tasks: set[asyncio.Task[None]] = set()
+        self._unload_done: asyncio.Future[None] | None = None
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._tick_at: float | None = None
+        self._run_task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._processed = 0  # events fully handled; tests wait on it instead of sleeping
+        self._idle = asyncio.Event()
+        make = process_factory or _default_process_factory
+        given = dict(processes or {})
+        self.processes: dict[str, ProcessLike] = {
+            mid: given[mid] if mid in given else make(mc, self._on_process_event)
+            for mid, mc in config.models.items()
+        }
+        self.scheduler: Scheduler = factory(self)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Start the run loop on the running event loop."""
+        if self._run_task is None:
+            self._run_task = asyncio.get_running_loop().create_task(self._run(), name=f"router:{self.name}")
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        """Fail every waiter, stop every process concurrently, end the run loop."""
+        if self._closing:
+            raise RuntimeError(f"{self.name}: shutdown already in progress")
+        self._closing = True
+        if self._run_task is not None:
+            self._events.put_nowait(_Shutdown())
+            await self._run_task
+        swap_tasks = [s.task for s in self._swaps.values() if s.task is not None]
+        for task in swap_tasks:
+            task.cancel()
+        await asyncio.gather(*swap_tasks, return_exceptions=True)
+        grace = timeout if timeout is not None else 5.0
+        await asyncio.gather(
+            *(p.shutdown(grace) for p in self.processes.values()), return_exceptions=True
+        )
+        await asyncio.gather(*self._stop_tasks, return_exceptions=True)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def add_observer(self, observer: Observer) -> None:
+        """Receive swap and process notifications (on the loop thread; must not block)."""
+        self._observers.append(observer)
+
+    # ----------------------------------------------------------------- public request API
+
+    @contextlib.asynccontextmanager
+    async def acquire(
+        self,
+        model: str,
+        *,
+        priority: int = 0,
+        api_key: str | None = None,
+        on_admitted: Callable[[ProcessState], None] | None = None,
+        on_position: Callable[[int], None] | None = None,
+    ) -> AsyncIterator[ProcessLike]:
+        """Wait until `model` may serve, yield its process, and report the end of the request.
+
+        Raises the `SchedulerError` the scheduler chose (unknown model, limits, failed swap...). Honours
+        cancellation at every point: a cancelled waiter leaves the queue and never triggers a swap.
+        """
+        if self._closing or self._run_task is None:
+            raise ShuttingDown(f"{self.name} is shutting down")
+        loop = asyncio.get_running_loop()
+        waiter = Waiter(loop.create_future(), loop.create_future(), on_position)
+        req = HandlerRequest(
+            model=model, seq=next(self._seq), arrived=self.clock(), priority=priority,
+            api_key=api_key, handle=waiter,
+        )
+        self._events.put_nowait(_Request(req))
+        try:
+            await waiter.admitted
+            if on_admitted is not None:
+                process = self.processes.get(model)
+                on_admitted(process.state if process else ProcessState.STOPPED)
+            granted_model = await waiter.granted
+        except asyncio.CancelledError:
+            waiter.gone = True
+            if _succeeded(waiter.granted):
+                # Granted in the same instant the client left: the grant counted, so it must be released.
+                self._post(ServeDone(model, req))
+            else:
+                self._post(_Cancel(req))
+            raise
+        process = self.processes[granted_model]
+        try:
+            with process.track_request():
+                yield process
+        finally:
+            self._post(ServeDone(granted_model, req))
+
+    async def unload(self, models: Iterable[str] | None = None, timeout: float | None = None) -> None:
+        """Stop these models (all when None), failing their waiters; returns once the processes are dead."""
+        targets = tuple(models) if models is not None else tuple(self.processes)
+        if self._closing or self._run_task is None:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._events.put_nowait(_UnloadRequest(Unload(targets, timeout), done))
+        await done
+
+    def snapshot(self) -> SchedulerSnapshot:
+        return self.scheduler.snapshot()
+
+    async def wait_idle(self) -> None:
+        """Wait until every posted event has been handled (tests use this instead of sleeping)."""
+        while not self._events.empty() or not self._idle.is_set():
+            self._idle.clear()
+            await self._idle.wait()
+
+    # ----------------------------------------------------------------- run loop
+
+    def _post(self, event: object) -> None:
+        if self._run_task is not None and not self._run_task.done():
+            self._events.put_nowait(event)
+
+    async def _run(self) -> None:
+        sched = self.scheduler
+        while True:
+            if self._events.empty():
+                self._idle.set()
+            event = await self._events.get()
+            self._idle.clear()
+            try:
+                match event:
+                    case _Request(req):
+                        sched.on_request(req)
+                    case _Cancel(req):
+                        sched.on_cancel(req)
+                    case SwapDone():
+                        self._finish_swap(event)
+                        sched.on_swap_done(event)
+                    case ServeDone():
+                        sched.on_serve_done(event)
+                    case _UnloadRequest(unload, done):
+                        self._unload_done = done
+                        try:
+                            sched.on_unload(unload)
+                        finally:
+                            if self._unload_done is not None:  # the scheduler stopped nothing
+                                _resolve(self._unload_done)
+                                self._unload_done = None
+                    case StopDone():
+                        sched.on_stop_done(event)
+                    case ProcessStopped():
+                        sched.on_process_stopped(event)
+                    case _Tick():
+                        self._tick_at = None
+                        sched.on_tick()
+                    case _Shutdown():
+                        sched.on_shutdown(ShuttingDown(f"{self.name} is shutting down"))
+                        self._idle.set()
+                        return
+                    case _:
+                        log.error("router %s: unknown event %r", self.name, event)
+            except Exception:
+                # A scheduler bug must not kill the loop: every other waiter would hang forever.
+                log.exception("router %s: error handling %s", self.name, type(event).__name__)
+            self._processed += 1
+            self._arm_tick()
+
+    def _arm_tick(self) -> None:
+        deadline = self.scheduler.next_deadline()
+        if deadline == self._tick_at:
+            return
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+            self._tick_handle = None
+        self._tick_at = deadline
+        if deadline is not None:
+            delay = max(0.0, deadline - self.clock())
+            self._tick_handle = asyncio.get_running_loop().call_later(delay, self._post, _Tick())
+
+    # ----------------------------------------------------------------- Effects
+
+    def model_state(self, model: str) -> ProcessState | None:
+        process = self.processes.get(model)
+        return process.state if process is not None else None
+
+    def running_models(self) -> Mapping[str, ProcessState]:
+        return {mid: p.state for mid, p in self.processes.items() if p.state.is_running}
+
+    def start_swap(self, plan: SwapPlan) -> None:
+        self.stats.swaps_by_rule[plan.rule] = self.stats.swaps_by_rule.get(plan.rule, 0) + 1
+        for victim in plan.evict:
+            self.stats.evictions[victim] = self.stats.evictions.get(victim, 0) + 1
+        swap = _Swap(plan)
+        swap.task = asyncio.get_running_loop().create_task(self._do_swap(swap), name=f"swap:{plan.model}")
+        self._swaps[plan.model] = swap
+        self._notify(SwapStarted(plan))
+
+    def abort_swap(self, model: str) -> None:
+        swap = self._swaps.get(model)
+        if swap is None or swap.aborted:
+            return
+        swap.aborted = True
+        # Victims being stopped are left to finish (a half-stopped process helps nobody); the swap
+        # checks `aborted` before starting its target. Once starting, cancelling aborts the start.
+        if swap.starting and swap.task is not None:
+            swap.task.cancel()
+
+    def admit(self, req: HandlerRequest) -> bool:
+        waiter: Waiter = req.handle
+        if waiter.gone or waiter.admitted.done():
+            return False
+        waiter.admitted.set_result(None)
+        return True
+
+    def grant_serve(self, req: HandlerRequest, model: str) -> bool:
+        waiter: Waiter = req.handle
+        if waiter.gone or waiter.granted.done():
+            return False
+        if not waiter.admitted.done():
+            waiter.admitted.set_result(None)
+        waiter.granted.set_result(model)
+        return True
+
+    def grant_error(self, req: HandlerRequest, err: SchedulerError) -> None:
+        waiter: Waiter = req.handle
+        if waiter.gone:
+            return
+        target = waiter.granted if waiter.admitted.done() else waiter.admitted
+        if not target.done():
+            target.set_exception(err)
+
+    def stop_processes(self, models: Sequence[str], timeout: float | None) -> None:
+        done, self._unload_done = self._unload_done, None
+        task = asyncio.get_running_loop().create_task(self._do_stop(tuple(models), timeout, done))
+        self._stop_tasks.add(task)
+        task.add_done_callback(self._stop_tasks.discard)
+
+    def notify_position(self, req: HandlerRequest, position: int) -> None:
+        waiter: Waiter = req.handle
+        waiter.position = position
+        if waiter.on_position is not None and not waiter.gone:
+            try:
+                waiter.on_position(position)
+            except Exception:
+                log.exception("position callback failed")
+
+    # ----------------------------------------------------------------- slow work, off the loop
+
+    async def _do_swap(self, swap: _Swap) -> None:
+        plan = swap.plan
+        started = self.clock()
+        error: SchedulerError | None = None
+        target = self.processes[plan.model]
+        try:
+            if plan.evict:
+                await asyncio.gather(*(self._evict(m) for m in plan.evict))
+                await self.after_evictions(plan)
+            if swap.aborted:
+                raise asyncio.CancelledError
+            swap.starting = True
+            await self.start_target(target)
+        except asyncio.CancelledError:
+            # Aborted because nobody waits: make sure no half-started child stays behind. (On shutdown,
+            # shutdown() itself stops every process.)
+            if not self._closing:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(target.stop())
+            error = SwapFailed(f"loading {plan.model} was aborted: no request waits for it")
+        except SchedulerError as exc:
+            error = exc
+        except Exception as exc:
+            error = SwapFailed(str(exc) or type(exc).__name__)
+        duration = self.clock() - started
+        if error is None:
+            log.info("swap: %s ready in %.2fs (evicted %s, rule %s)", plan.model, duration,
+                     list(plan.evict) or "nothing", plan.rule)
+        else:
+            log.warning("swap: %s failed after %.2fs: %s", plan.model, duration, error)
+        self._post(SwapDone(plan.model, error, duration))
+
+    async def _evict(self, model: str) -> None:
+        # llama-swap uses healthCheckTimeout (default 120 s) as the eviction grace; the victim's own
+        # unloadTimeout is what users actually configure for "how long may it take to stop".
+        process = self.processes[model]
+        await process.stop(process.config.unload_timeout)
+
+    async def after_evictions(self, plan: SwapPlan) -> None:
+        """Hook between stopping the victims and starting the target (the vram router waits for memory)."""
+
+    async def start_target(self, process: ProcessLike) -> None:
+        """Hook: bring the target up (the vram router adds out-of-memory recovery)."""
+        await process.ensure_ready()
+
+    def _finish_swap(self, ev: SwapDone) -> None:
+        swap = self._swaps.pop(ev.model, None)
+        if swap is None:
+            return
+        if ev.error is not None:
+            self.stats.swap_failures += 1
+        self._notify(SwapFinished(swap.plan, ev.error, ev.duration))
+
+    async def _do_stop(
+        self, models: tuple[str, ...], timeout: float | None, done: asyncio.Future[None] | None
+    ) -> None:
+        try:
+            await asyncio.gather(
+                *(self.processes[m].stop(timeout) for m in models if m in self.processes),
+                return_exceptions=True,
+            )
+        finally:
+            self._post(StopDone(models))
+            if done is not None:
+                _resolve(done)
+
+    # ----------------------------------------------------------------- process notifications
+
+    def _on_process_event(self, event: Any) -> None:
+        kind = getattr(event, "kind", "")
+        if kind in ("stopped", "exited"):
+            self._post(ProcessStopped(event.model, unexpected=kind == "exited",
+                                      exit_code=getattr(event, "exit_code", None)))
+        self._notify(event)
+
+    def _notify(self, item: object) -> None:
+        for observer in self._observers:
+            try:
+                observer(item)
+            except Exception:
+                log.exception("router observer failed")
+
+
+def _succeeded(fut: asyncio.Future[Any]) -> bool:
+    return fut.done() and not fut.cancelled() and fut.exception() is None
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _default_process_factory(config: ModelConfig, on_event: Callable[[Any], None]) -> ProcessLike:
+    from llmswap.process import Process
+
+    return Process(config, on_event=on_event)
