@@ -1,1 +1,18 @@
-"""process"""
+"""Upstream process lifecycle: one `Process` per model (start, health check, stop, TTL, output)."""
+
+from llmswap.process.errors import StartAborted, StartFailed
+from llmswap.process.logring import LogEntry, LogRing, LogSubscription
+from llmswap.process.process import Process, ProcessEvent, shutdown_all
+from llmswap.process.state import ProcessState
+
+__all__ = [
+    "LogEntry",
+    "LogRing",
+    "LogSubscription",
+    "Process",
+    "ProcessEvent",
+    "ProcessState",
+    "StartAborted",
+    "StartFailed",
+    "shutdown_all",
+]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class ProcessState(str, Enum):
+class ProcessState(StrEnum):
     STOPPED = "stopped"
     STARTING = "starting"
     READY = "ready"

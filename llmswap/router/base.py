@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from llmswap.config.model import Config, ModelConfig
+from llmswap.process import LogRing, Process
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.errors import SchedulerError, ShuttingDown, SwapFailed
 from llmswap.scheduler.types import (
@@ -160,7 +161,9 @@ class BaseRouter(Effects):
         self._closing = False
         self._processed = 0  # events fully handled; tests wait on it instead of sleeping
         self._idle = asyncio.Event()
-        make = process_factory or _default_process_factory
+        # Every model's output also goes to one combined ring: /logs/stream/upstream tails it.
+        self.upstream_log = LogRing("upstream")
+        make = process_factory or self._make_process
         given = dict(processes or {})
         self.processes: dict[str, ProcessLike] = {
             mid: given[mid] if mid in given else make(mc, self._on_process_event)
@@ -466,9 +469,13 @@ class BaseRouter(Effects):
 
     # ----------------------------------------------------------------- process notifications
 
+    def _make_process(self, config: ModelConfig, on_event: Callable[[Any], None]) -> ProcessLike:
+        return Process(config, on_event=on_event, mirror=self.upstream_log)
+
     def _on_process_event(self, event: Any) -> None:
+        # Stops the scheduler asked for come back as SwapDone/StopDone; only the others need telling.
         kind = getattr(event, "kind", "")
-        if kind in ("stopped", "exited"):
+        if kind == "exited" or (kind == "stopped" and getattr(event, "detail", "") == "ttl expired"):
             self._post(ProcessStopped(event.model, unexpected=kind == "exited",
                                       exit_code=getattr(event, "exit_code", None)))
         self._notify(event)
@@ -489,8 +496,3 @@ def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
 
-
-def _default_process_factory(config: ModelConfig, on_event: Callable[[Any], None]) -> ProcessLike:
-    from llmswap.process import Process
-
-    return Process(config, on_event=on_event)

@@ -26,6 +26,7 @@ class FakeEvent:
     model: str
     kind: str
     exit_code: int | None = None
+    detail: str = ""
 
 
 @dataclass
@@ -89,14 +90,21 @@ class FakeProcess:
         self.pid = 1000 + len(self._script.starts)
         self._set(ProcessState.READY, "ready")
 
-    async def stop(self, timeout: float | None = None) -> None:
+    async def stop(self, timeout: float | None = None, *, reason: str = "stop requested") -> None:
         if self._state in (ProcessState.STOPPED, ProcessState.SHUTDOWN):
             return
         self._set(ProcessState.STOPPING, "stopping")
         await asyncio.sleep(self._script.stop_delay)
         self.pid = None
         if self._state is ProcessState.STOPPING:  # not if a shutdown finished meanwhile
-            self._set(ProcessState.STOPPED, "stopped")
+            self._state = ProcessState.STOPPED
+            if self._script.on_state is not None:
+                self._script.on_state(self.id, ProcessState.STOPPED)
+            self._on_event(FakeEvent(self.id, "stopped", detail=reason))
+
+    async def expire(self) -> None:
+        """Stop as the TTL would: behind the scheduler's back."""
+        await self.stop(reason="ttl expired")
 
     async def shutdown(self, timeout: float = 1.0) -> None:
         await self.stop(timeout)

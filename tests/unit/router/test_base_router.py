@@ -215,7 +215,7 @@ async def test_unexpected_stop_reaches_scheduler_and_model_restarts() -> None:
     await serve_once(router, "a")
     process = router.processes["a"]
     assert isinstance(process, FakeProcess)
-    await process.stop()  # as a TTL expiry or crash would, behind the scheduler's back
+    await process.expire()  # a TTL expiry, behind the scheduler's back
     await router.wait_idle()
     assert await serve_once(router, "a") == "a"
     assert script.starts == {"a": 2}

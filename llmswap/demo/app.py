@@ -1,0 +1,93 @@
+"""The demo's aiohttp application: /health, /props, the API routes, and what every response carries
+(the X-Demo-Model header, --echo, JSON errors, --log-requests)."""
+
+import os
+import time
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from llmswap.demo import anthropic_api, openai_api
+from llmswap.demo.console import say
+from llmswap.demo.context import Demo
+from llmswap.demo.received import received
+from llmswap.demo.replies import BadRequest, error_body
+from llmswap.demo.text import DEFAULT_MAX_TOKENS
+
+MODEL_HEADER = "X-Demo-Model"
+# Audio and images arrive as uploads; aiohttp's 1 MiB default would turn a modest test file into a 413.
+MAX_BODY_SIZE = 64 * 2**20
+
+
+def build_app(demo: Demo) -> web.Application:
+    @web.middleware
+    async def serve(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            got = await received(request)
+        except web.HTTPException as exc:
+            body = error_body(request.path, exc.status, f"could not read the request body: {exc.reason}")
+            return web.json_response(body, status=exc.status)
+        except ValueError as exc:
+            body = error_body(request.path, 400, f"could not read the request body: {exc}")
+            return web.json_response(body, status=400)
+        demo.state.requests += 1
+        if demo.options.log_requests:
+            say(f"request {got.method} {got.path} model={got.model or '-'}")
+        try:
+            return await handler(request)
+        except BadRequest as exc:
+            return demo.reply(got, error_body(got.path, 400, f"demo {demo.name}: {exc}"), status=400)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            if exc.status == 404:
+                message = f"demo {demo.name}: no route for {got.method} {got.path}"
+            elif exc.status == 405:
+                message = f"demo {demo.name}: {got.method} is not allowed on {got.path}"
+            else:
+                message = f"demo {demo.name}: {exc.reason}"
+            reply = demo.reply(got, error_body(got.path, exc.status, message), status=exc.status)
+            if "Allow" in exc.headers:
+                reply.headers["Allow"] = exc.headers["Allow"]
+            return reply
+
+    async def identify(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[MODEL_HEADER] = demo.name
+
+    async def health(request: web.Request) -> web.StreamResponse:
+        got = await received(request)
+        if not demo.state.healthy:
+            return demo.reply(got, {"status": "loading"}, status=503)
+        if not demo.state.first_health_reported:
+            demo.state.first_health_reported = True
+            say(f"first healthy response at monotonic={time.monotonic()!r}")
+        return demo.reply(got, {"status": "ok"})
+
+    async def props(request: web.Request) -> web.StreamResponse:
+        got = await received(request)
+        state = demo.state
+        return demo.reply(
+            got,
+            {
+                "model_alias": demo.name,
+                "model_path": f"demo/{demo.name}",
+                "total_slots": 1,
+                "default_generation_settings": {"n_ctx": 4096, "params": {"n_predict": DEFAULT_MAX_TOKENS}},
+                "build_info": "llmswap-demo",
+                "demo": {
+                    "model_name": demo.name,
+                    "pid": os.getpid(),
+                    "healthy": state.healthy,
+                    "requests": state.requests,
+                    "generations_in_progress": state.generations_in_progress,
+                    "tokens_generated": state.tokens_generated,
+                },
+            },
+        )
+
+    app = web.Application(middlewares=[serve], client_max_size=MAX_BODY_SIZE)
+    app.on_response_prepare.append(identify)
+    app.add_routes([web.get("/health", health), web.get("/props", props)])
+    app.add_routes(openai_api.routes(demo))
+    app.add_routes(anthropic_api.routes(demo))
+    return app

@@ -1,0 +1,220 @@
+"""One spawned OS process: its own session, a parent-death signal, its output line by line, its exit noticed
+the instant it happens, and signals sent to its whole process group.
+
+Why not `asyncio.create_subprocess_exec`: its `wait()` only returns once the child's pipes are closed, and a
+grandchild that inherited them keeps them open after the child itself has died, so a crashed upstream would
+go unnoticed. Here the exit comes from a pidfd (Linux >= 5.3; a waiting thread elsewhere) and the pipe is
+read separately.
+
+Parent-death signal (Linux): the child runs `prctl(PR_SET_PDEATHSIG, SIGKILL)` between fork and exec, so
+the kernel kills it when the proxy dies, even by SIGKILL, where no cleanup code of ours can run. The kernel
+ties that signal to the *thread* that forked, not to the process: spawn only from the event-loop thread
+(which lives as long as the proxy does), never from a worker thread that may exit. It covers the direct
+child only; the child's own children are killed with its process group by a normal stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+logger = logging.getLogger("llmswap.process")
+
+MAX_LINE_BYTES = 16 * 1024  # a longer line is split rather than buffered without bound
+_PR_SET_PDEATHSIG = 1
+
+LineSink = Callable[[str], None]
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+# Resolved once, before any fork: the forked child should only call it, not look symbols up.
+_prctl = _load_prctl()
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec function arming SIGKILL-on-parent-death in the child, or None where it does not exist."""
+    prctl = _prctl
+    if prctl is None:
+        return None
+    parent = os.getpid()
+    kill = int(signal.SIGKILL)
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, kill, 0, 0, 0)
+        if os.getppid() != parent:  # the proxy died between fork and prctl: nobody would kill us later
+            os._exit(1)
+
+    return arm
+
+
+class _LineReader(asyncio.Protocol):
+    """Splits a pipe's bytes into lines for `sink`; resolves `eof` when every writer has closed the pipe."""
+
+    def __init__(self, sink: LineSink, eof: asyncio.Future[None]) -> None:
+        self._sink = sink
+        self._eof = eof
+        self._buffer = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        while (end := self._buffer.find(b"\n")) >= 0:
+            self._emit(bytes(self._buffer[:end]))
+            del self._buffer[: end + 1]
+        while len(self._buffer) > MAX_LINE_BYTES:
+            self._emit(bytes(self._buffer[:MAX_LINE_BYTES]))
+            del self._buffer[:MAX_LINE_BYTES]
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._buffer:
+            self._emit(bytes(self._buffer))
+            self._buffer.clear()
+        if not self._eof.done():
+            self._eof.set_result(None)
+
+    def _emit(self, raw: bytes) -> None:
+        try:
+            self._sink(raw.decode("utf-8", errors="replace").rstrip("\r"))
+        except Exception:
+            logger.exception("log sink failed on an upstream output line")
+
+
+def _watch_exit(loop: asyncio.AbstractEventLoop, popen: subprocess.Popen[bytes]) -> asyncio.Future[int]:
+    """A future resolved with the exit status (negative: killed by that signal) as soon as the child dies."""
+    exited: asyncio.Future[int] = loop.create_future()
+
+    def resolve(returncode: int) -> None:
+        if not exited.done():
+            exited.set_result(returncode)
+
+    try:
+        pidfd = os.pidfd_open(popen.pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    if pidfd is not None:
+
+        def on_pidfd_readable() -> None:
+            returncode = popen.poll()  # reaps the child
+            if returncode is None:
+                return
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            resolve(returncode)
+
+        loop.add_reader(pidfd, on_pidfd_readable)
+        return exited
+
+    def wait_in_thread() -> None:
+        returncode = popen.wait()
+        with contextlib.suppress(RuntimeError):  # the loop is already closed: nobody is waiting any more
+            loop.call_soon_threadsafe(resolve, returncode)
+
+    threading.Thread(target=wait_in_thread, name=f"wait-{popen.pid}", daemon=True).start()
+    return exited
+
+
+class Child:
+    """A running (or finished) child process, leader of its own process group."""
+
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        exited: asyncio.Future[int],
+        eof: asyncio.Future[None],
+        transport: asyncio.BaseTransport | None,
+    ) -> None:
+        self._popen = popen
+        self.exited = exited
+        self._eof = eof
+        self._transport = transport
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.exited.result() if self.exited.done() else None
+
+    def signal_group(self, sig: int) -> bool:
+        """Send `sig` to every process in the child's group; False when none is left."""
+        try:
+            os.killpg(self.pid, sig)
+            return True
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            logger.warning("not allowed to signal process group %d", self.pid)
+        # The child left its group (setpgid/setsid of its own). Signal it alone, but only while it is
+        # unreaped: after that its pid may already belong to somebody else.
+        if not self.exited.done():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.pid, sig)
+                return True
+        return False
+
+    async def wait_exit(self, within: float | None) -> bool:
+        if not self.exited.done():
+            await asyncio.wait({self.exited}, timeout=within)
+        return self.exited.done()
+
+    async def close(self, drain_timeout: float) -> None:
+        """Read what is left in the pipe (bounded: an escaped grandchild may hold it open), then close it."""
+        if not self._eof.done():
+            await asyncio.wait({self._eof}, timeout=drain_timeout)
+        self.abandon_pipe()
+
+    def abandon_pipe(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+
+
+async def spawn_child(argv: Sequence[str], *, env: Mapping[str, str], on_line: LineSink) -> Child:
+    """Start `argv` (no shell) in its own session, stdout and stderr merged into `on_line`.
+
+    Raises OSError or subprocess.SubprocessError when it cannot be started. Call from the event-loop thread.
+    """
+    loop = asyncio.get_running_loop()
+    # Popen in the loop thread on purpose: fork+exec takes a few milliseconds, and the parent-death signal
+    # is tied to the forking thread, which must be one that lives as long as the proxy.
+    popen = subprocess.Popen(  # noqa: ASYNC220
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(env),
+        start_new_session=True,
+        preexec_fn=_parent_death_signal(),
+    )
+    exited = _watch_exit(loop, popen)
+    eof: asyncio.Future[None] = loop.create_future()
+    assert popen.stdout is not None
+    try:
+        transport, _ = await loop.connect_read_pipe(lambda: _LineReader(on_line, eof), popen.stdout)
+    except BaseException:
+        Child(popen, exited, eof, None).signal_group(signal.SIGKILL)
+        popen.stdout.close()
+        raise
+    return Child(popen, exited, eof, transport)

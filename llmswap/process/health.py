@@ -1,0 +1,70 @@
+"""Deciding that a starting upstream is ready: an adaptive poll of its health endpoint.
+
+llama-swap waits 250 ms and then probes once a second, so a cold start pays up to ~1.25 s on top of the
+upstream's own load time. Here the first probe goes out at once and the gap between probes starts at 10 ms,
+grows by at most x1.5 per probe, never exceeds 200 ms, and never exceeds 2.5 % of the time already spent
+waiting. The detection lag is therefore a small, bounded fraction of the load itself (~12 ms for a 1 s load,
+at most 200 ms for loads of 8 s and more), while a long load costs no more than five cheap loopback probes
+a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import aiohttp
+
+FIRST_POLL_DELAY = 0.010
+POLL_GROWTH = 1.5
+MAX_POLL_DELAY = 0.200
+POLL_DELAY_FRACTION = 0.025  # of the time already spent waiting
+PROBE_TIMEOUT = 1.0  # one probe; the whole start is bounded by healthCheckTimeout elsewhere
+
+logger = logging.getLogger("llmswap.process")
+
+
+def next_poll_delay(previous: float | None, elapsed: float) -> float:
+    """Seconds to wait before the next probe, given the previous gap (None before the first) and the time
+    spent waiting so far."""
+    if previous is None:
+        return FIRST_POLL_DELAY
+    proportional = max(FIRST_POLL_DELAY, elapsed * POLL_DELAY_FRACTION)
+    return min(MAX_POLL_DELAY, previous * POLL_GROWTH, proportional)
+
+
+def health_url(proxy: str, check_endpoint: str) -> str | None:
+    """The URL to probe, or None when `checkEndpoint: none` (ready as soon as spawned)."""
+    endpoint = check_endpoint.strip()
+    if endpoint == "none":
+        return None
+    if not endpoint.startswith("/"):
+        endpoint = "/" + endpoint
+    # Appended, not joined: a proxy with a path (`http://host:8080/base`) keeps its prefix, as in llama-swap.
+    return proxy.rstrip("/") + endpoint
+
+
+async def probe(session: aiohttp.ClientSession, url: str) -> int | None:
+    """The status `url` answers with, or None when it cannot be reached (not listening yet, reset, slow)."""
+    try:
+        async with session.get(url, allow_redirects=False) as response:
+            await response.read()  # lets the connection be reused by the next probe
+            return response.status
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        return None
+
+
+async def wait_until_healthy(url: str, *, clock: Callable[[], float]) -> None:
+    """Return once `url` answers HTTP 200. Never gives up by itself: the caller bounds and cancels it."""
+    began = clock()
+    delay: float | None = None
+    timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        while True:
+            status = await probe(session, url)
+            if status == 200:
+                logger.info("Health check passed on %s", url)
+                return
+            delay = next_poll_delay(delay, clock() - began)
+            await asyncio.sleep(delay)

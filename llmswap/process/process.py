@@ -1,0 +1,453 @@
+"""One upstream server process and its whole life: start, health check, serve, stop, TTL, output.
+
+    stopped --ensure_ready--> starting --healthy--> ready --stop / ttl--> stopping --> stopped
+                              starting --spawn error, premature exit, health timeout--> stopped
+                              starting --stop (the start is aborted)--> stopping --> stopped
+                              ready --the child exits by itself--> stopped
+    any --shutdown()--> shutdown (terminal)
+
+Each life of the child is a `_Run` driven by one supervisor task, the only writer of the state while it
+runs. Public methods never drive the child themselves: they post a request to the run (a flag plus a
+wake-up) and await its outcome through `asyncio.shield`, so a caller that goes away (client disconnected)
+never cancels a start or a stop that others share. `ensure_ready()` decides between "ready", "join the
+start", "wait for the stop, then start fresh" and "start" in one synchronous step, with no await between
+reading the state and acting on it: no stale read can gate a start (llama-swap's #946).
+
+Events (`ProcessEvent.kind`) are delivered synchronously from the supervisor task, in this order; every
+run ends with exactly one of `start_failed`, `stopped`, `exited`:
+    starting -> ready (duration) | start_failed (detail, exit_code) | stopping -> stopped (aborted start)
+    ready -> stopping -> stopped                  a stop was asked for
+    ready -> ttl_expired -> stopping -> stopped   idle for `ttl` seconds
+    ready -> exited (exit_code, detail)           the child died by itself
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal
+
+from llmswap.config.model import ModelConfig
+from llmswap.process.child import Child, spawn_child
+from llmswap.process.durations import format_go_duration
+from llmswap.process.errors import StartAborted, StartFailed
+from llmswap.process.health import health_url, wait_until_healthy
+from llmswap.process.idle import IdleTimer
+from llmswap.process.logring import LogRing
+from llmswap.process.ports import ensure_port_free
+from llmswap.process.state import ProcessState
+
+logger = logging.getLogger("llmswap.process")
+upstream_logger = logging.getLogger("llmswap.upstream")
+
+ABORT_GRACE = 5.0  # grace for a child whose start failed (llama-swap's value), capped by unloadTimeout
+KILL_WAIT = 10.0  # seconds to wait for a SIGKILLed child to be reaped before reporting it stuck
+DRAIN_TIMEOUT = 1.0  # seconds to keep reading output once the child is gone
+TAIL_LINES = 10  # output lines quoted when a child dies
+
+EventKind = Literal["starting", "ready", "start_failed", "stopping", "stopped", "exited", "ttl_expired"]
+
+
+@dataclass(frozen=True)
+class ProcessEvent:
+    model: str
+    kind: EventKind
+    exit_code: int | None = None  # negative: killed by that signal
+    detail: str = ""
+    duration: float | None = None  # for "ready": seconds from spawn to ready
+
+
+class _Outcome(enum.Enum):
+    READY = "ready"
+    ABORTED = "aborted"
+    EXITED = "exited"
+    TIMED_OUT = "timed out"
+
+
+class _Run:
+    """One life of the child, from the decision to start until it is reaped."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, grace: float) -> None:
+        self.ready: asyncio.Future[None] = loop.create_future()
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.wake = asyncio.Event()  # "something changed": the supervisor re-reads the flags below
+        self.stop_requested = False
+        self.stop_reason = ""
+        self.grace = grace  # graceful-stop seconds for the stop under way; a later request may shorten it
+        self.child: Child | None = None
+        self.output_mark = 0  # LogRing position when this run spawned, to quote only its own output
+        self.task: asyncio.Task[None] | None = None
+
+    def request_stop(self, grace: float, reason: str) -> None:
+        if self.stop_requested:
+            self.grace = min(self.grace, grace)
+        else:
+            self.stop_requested = True
+            self.stop_reason = reason
+            self.grace = grace
+        self.wake.set()
+
+    def fail(self, error: StartFailed) -> None:
+        """Resolve the start with `error` unless it is already resolved."""
+        if not self.ready.done():
+            self.ready.set_exception(error)
+            self.ready.exception()  # retrieved: a start nobody waits for any more must not log a warning
+
+
+class Process:
+    """Owns one upstream server process. All methods run on the event-loop thread.
+
+    The child runs in its own session (so stops reach everything it forks) with a Linux parent-death signal:
+    if the proxy dies, even by SIGKILL, the kernel kills the child. That signal follows the thread that
+    spawned the child, which is why every spawn happens on the event-loop thread (see `child.py`).
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        on_event: Callable[[ProcessEvent], None] | None = None,
+        log_ring: LogRing | None = None,
+        mirror: LogRing | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.id = config.id
+        self.logs = log_ring if log_ring is not None else LogRing(config.id)
+        self.pid: int | None = None
+        self.last_start_duration: float | None = None
+        self._mirror = mirror
+        self._on_event = on_event
+        self._clock = clock
+        self._state = ProcessState.STOPPED
+        self._run: _Run | None = None
+        self._closing = False
+        self._idle = IdleTimer(config.ttl)
+
+    def __repr__(self) -> str:
+        return f"<Process {self.id} {self._state.value} pid={self.pid}>"
+
+    @property
+    def state(self) -> ProcessState:
+        """An advisory snapshot: never decide to start or stop on it, call ensure_ready()/stop()."""
+        return self._state
+
+    @property
+    def in_flight(self) -> int:
+        return self._idle.in_flight
+
+    async def ensure_ready(self) -> None:
+        """Return once the upstream is ready, starting it if needed; concurrent callers share one start.
+
+        Raises StartFailed (spawn error, premature exit, health-check timeout, port taken) or StartAborted
+        (a stop or the shutdown arrived during the start). Cancelling the caller does not cancel the start.
+        """
+        while True:
+            if self._closing:
+                raise StartAborted(f"{self.id}: process is shut down")
+            run = self._run if self._run is not None else self._begin_run()
+            child_gone = run.child is not None and run.child.exited.done()
+            if (
+                run.stop_requested
+                or self._state is ProcessState.STOPPING
+                or (self._state is ProcessState.READY and child_gone)
+            ):
+                # This life is ending: let it finish, then start a fresh one.
+                await asyncio.shield(run.done)
+                continue
+            if self._state is ProcessState.READY:
+                return
+            await asyncio.shield(run.ready)
+            return
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Stop the upstream (None: the model's unloadTimeout as grace); aborts a start; no-op if stopped."""
+        run = self._run
+        if run is None:
+            return
+        run.request_stop(self.config.unload_timeout if timeout is None else timeout, "stop requested")
+        await asyncio.shield(run.done)
+
+    async def shutdown(self, timeout: float = 1.0) -> None:
+        """Stop for good: the child is gone when this returns and the process never starts again."""
+        self._closing = True
+        run = self._run
+        if run is not None:
+            run.request_stop(timeout, "shutdown")
+            await asyncio.shield(run.done)
+        self._state = ProcessState.SHUTDOWN
+
+    @contextmanager
+    def track_request(self) -> Iterator[None]:
+        """Hold the TTL while a request is in flight; it counts again from the moment the request ends."""
+        self._idle.request_started()
+        try:
+            yield
+        finally:
+            self._idle.request_finished(self._clock())
+            if self._run is not None and self._idle.ttl > 0:
+                self._run.wake.set()  # re-arm the TTL timer from now
+
+    # -- the supervisor: everything below runs on the run's own task ------------------------------------
+
+    def _begin_run(self) -> _Run:
+        loop = asyncio.get_running_loop()
+        run = _Run(loop, self.config.unload_timeout)
+        self._run = run
+        self._state = ProcessState.STARTING
+        run.task = loop.create_task(self._supervise(run), name=f"llmswap-process-{self.id}")
+        return run
+
+    async def _supervise(self, run: _Run) -> None:
+        try:
+            final = await self._live(run)
+        except asyncio.CancelledError:
+            # The event loop is being torn down around us: no time left for a graceful stop.
+            self._abandon(run)
+            self._end_run(run, ProcessEvent(self.id, "stopped", detail="supervisor cancelled"))
+            raise
+        except Exception as exc:
+            logger.exception("[%s] process supervisor failed", self.id)
+            self._abandon(run)
+            run.fail(StartFailed(f"internal error while running {self.id}: {exc!r}"))
+            final = ProcessEvent(self.id, "stopped", detail=f"internal error: {exc!r}")
+        self._end_run(run, final)
+
+    async def _live(self, run: _Run) -> ProcessEvent:
+        config = self.config
+        self._emit(ProcessEvent(self.id, "starting"))
+        deadline = self._clock() + config.health_check_timeout
+        try:
+            argv = self._argv()
+            await ensure_port_free(self.id, config.proxy)
+        except StartFailed as error:
+            return self._start_failed(run, error)
+        if run.stop_requested:
+            self._state = ProcessState.STOPPING
+            self._emit(ProcessEvent(self.id, "stopping", detail="start aborted"))
+            run.fail(StartAborted())
+            return ProcessEvent(self.id, "stopped", detail="start aborted")
+
+        run.output_mark = self.logs.total
+        logger.info("[%s] starting: %s", self.id, shlex.join(argv))
+        try:
+            child = await spawn_child(argv, env=self._env(), on_line=self._on_output)
+        except (OSError, subprocess.SubprocessError) as exc:
+            error = StartFailed(f"failed to start command '{shlex.join(argv)}': {exc}")
+            return self._start_failed(run, error)
+        run.child = child
+        self.pid = child.pid
+        spawned = self._clock()
+
+        outcome = await self._await_start(run, child, deadline)
+        if outcome is _Outcome.READY:
+            duration = self._clock() - spawned
+            self.last_start_duration = duration
+            self._state = ProcessState.READY
+            self._idle.became_ready(self._clock())
+            run.ready.set_result(None)
+            logger.info("[%s] ready in %.3fs (pid %d)", self.id, duration, child.pid)
+            self._emit(ProcessEvent(self.id, "ready", duration=duration))
+            return await self._serve(run, child)
+        if outcome is _Outcome.ABORTED:
+            return await self._stop(run, child)
+        if outcome is _Outcome.EXITED:
+            exit_code = child.returncode
+            await self._terminate(run, child)
+            message = f"upstream command exited prematurely ({describe_exit(exit_code)})"
+            return self._start_failed(run, StartFailed(message + self._last_output(run)), exit_code)
+        self._state = ProcessState.STOPPING
+        run.grace = min(run.grace, ABORT_GRACE)
+        await self._terminate(run, child)
+        message = (
+            f"health check timed out after {format_go_duration(config.health_check_timeout)}: "
+            f"{health_url(config.proxy, config.check_endpoint)} never answered 200"
+        )
+        return self._start_failed(run, StartFailed(message + self._last_output(run)), child.returncode)
+
+    async def _await_start(self, run: _Run, child: Child, deadline: float) -> _Outcome:
+        url = health_url(self.config.proxy, self.config.check_endpoint)
+        if url is None:
+            return _Outcome.ABORTED if run.stop_requested else _Outcome.READY
+        health = asyncio.create_task(wait_until_healthy(url, clock=self._clock), name=f"health-{self.id}")
+        try:
+            while True:
+                # A dead child beats a passed probe: whatever answered 200, it was not this upstream.
+                if run.stop_requested:
+                    return _Outcome.ABORTED
+                if child.exited.done():
+                    return _Outcome.EXITED
+                if health.done():
+                    health.result()
+                    return _Outcome.READY
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    return _Outcome.TIMED_OUT
+                await self._sleep(run, remaining, child.exited, health)
+        finally:
+            if not health.done():
+                health.cancel()
+                await asyncio.wait({health})
+
+    async def _serve(self, run: _Run, child: Child) -> ProcessEvent:
+        while True:
+            if run.stop_requested:
+                return await self._stop(run, child)
+            if child.exited.done():
+                return await self._exited(run, child)
+            now = self._clock()
+            deadline = self._idle.deadline()
+            if deadline is not None and now >= deadline:
+                detail = f"idle for {format_go_duration(self.config.ttl)} (ttl)"
+                logger.info("[%s] unloading: %s", self.id, detail)
+                self._emit(ProcessEvent(self.id, "ttl_expired", detail=detail))
+                run.request_stop(self.config.unload_timeout, "ttl expired")
+                continue
+            await self._sleep(run, None if deadline is None else deadline - now, child.exited)
+
+    async def _stop(self, run: _Run, child: Child) -> ProcessEvent:
+        aborting = not run.ready.done()
+        reason = "start aborted" if aborting else run.stop_reason
+        self._state = ProcessState.STOPPING
+        self._emit(ProcessEvent(self.id, "stopping", detail=reason))
+        await self._terminate(run, child)
+        run.fail(StartAborted())
+        logger.info("[%s] stopped (%s, %s)", self.id, reason, describe_exit(child.returncode))
+        return ProcessEvent(self.id, "stopped", exit_code=child.returncode, detail=reason)
+
+    async def _exited(self, run: _Run, child: Child) -> ProcessEvent:
+        exit_code = child.returncode
+        await self._terminate(run, child)
+        detail = f"upstream process exited unexpectedly ({describe_exit(exit_code)})" + self._last_output(run)
+        logger.warning("[%s] %s", self.id, detail)
+        return ProcessEvent(self.id, "exited", exit_code=exit_code, detail=detail)
+
+    async def _terminate(self, run: _Run, child: Child) -> None:
+        """cmdStop or SIGTERM to the group, `run.grace` seconds, SIGKILL to the group; then drain the pipe."""
+        stopper: Child | None = None
+        began = self._clock()
+        if not child.exited.done():
+            if self.config.cmd_stop:
+                stopper = await self._start_cmd_stop(child.pid)
+            if stopper is None:
+                child.signal_group(signal.SIGTERM)
+            while not child.exited.done():
+                remaining = began + run.grace - self._clock()
+                if remaining <= 0:
+                    break
+                await self._sleep(run, remaining, child.exited)
+            if not child.exited.done():
+                logger.warning(
+                    "[%s] pid %d still running %s after the stop signal: SIGKILL to its process group",
+                    self.id,
+                    child.pid,
+                    format_go_duration(run.grace),
+                )
+                child.signal_group(signal.SIGKILL)
+                if not await child.wait_exit(KILL_WAIT):
+                    logger.error("[%s] pid %d survived SIGKILL for %ss", self.id, child.pid, KILL_WAIT)
+        # Whatever the upstream forked into its group and left behind goes with it.
+        child.signal_group(signal.SIGKILL)
+        if stopper is not None:
+            await stopper.wait_exit(max(0.0, began + run.grace - self._clock()))
+            stopper.signal_group(signal.SIGKILL)
+            await stopper.close(DRAIN_TIMEOUT)
+        await child.close(DRAIN_TIMEOUT)
+
+    async def _start_cmd_stop(self, pid: int) -> Child | None:
+        argv = [part.replace("${PID}", str(pid)) for part in self.config.cmd_stop]
+        logger.info("[%s] stopping with: %s", self.id, shlex.join(argv))
+        try:
+            return await spawn_child(argv, env=self._env(), on_line=self._on_output)
+        except (OSError, subprocess.SubprocessError) as exc:
+            logger.warning("[%s] cmdStop '%s' failed to start (%s): sending SIGTERM", self.id, argv[0], exc)
+            return None
+
+    async def _sleep(self, run: _Run, limit: float | None, *also: asyncio.Future[object]) -> None:
+        """Wait until something may have changed (a wake-up, one of `also`, `limit` seconds); the caller
+        re-checks everything afterwards."""
+        if not run.wake.is_set():
+            waker = asyncio.ensure_future(run.wake.wait())
+            try:
+                await asyncio.wait({waker, *also}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waker.cancel()
+        run.wake.clear()
+
+    def _start_failed(self, run: _Run, error: StartFailed, exit_code: int | None = None) -> ProcessEvent:
+        logger.warning("[%s] start failed: %s", self.id, error.message)
+        run.fail(error)
+        return ProcessEvent(self.id, "start_failed", exit_code=exit_code, detail=error.message)
+
+    def _end_run(self, run: _Run, final: ProcessEvent) -> None:
+        if self._run is run:
+            self._run = None
+        self.pid = None
+        self._state = ProcessState.SHUTDOWN if self._closing else ProcessState.STOPPED
+        run.fail(StartAborted())
+        self._emit(final)
+        if not run.done.done():
+            run.done.set_result(None)
+
+    def _abandon(self, run: _Run) -> None:
+        if run.child is not None:
+            run.child.signal_group(signal.SIGKILL)
+            run.child.abandon_pipe()
+
+    def _argv(self) -> tuple[str, ...]:
+        if not self.config.cmd:
+            raise StartFailed(f"models.{self.id}.cmd is empty: set the command that starts the upstream")
+        if not self.config.proxy:
+            raise StartFailed(f"upstream proxy missing: set models.{self.id}.proxy to its base URL")
+        return self.config.cmd
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.config.env)
+        return env
+
+    def _on_output(self, line: str) -> None:
+        self.logs.append(line)
+        if self._mirror is not None:
+            self._mirror.append(line)
+        upstream_logger.debug("[%s] %s", self.id, line)
+
+    def _last_output(self, run: _Run) -> str:
+        lines = self.logs.tail(TAIL_LINES, since=run.output_mark)
+        if not lines:
+            return ""
+        return "; last output:\n" + "\n".join(f"  {line}" for line in lines)
+
+    def _emit(self, event: ProcessEvent) -> None:
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(event)
+        except Exception:
+            logger.exception("[%s] on_event handler failed for %r", self.id, event.kind)
+
+
+def describe_exit(exit_code: int | None) -> str:
+    if exit_code is None:
+        return "exit code unknown"
+    if exit_code < 0:
+        try:
+            name = signal.Signals(-exit_code).name
+        except ValueError:
+            name = f"signal {-exit_code}"
+        return f"exit code {exit_code}, killed by {name}"
+    return f"exit code {exit_code}"
+
+
+async def shutdown_all(processes: Iterable[Process], timeout: float = 1.0) -> None:
+    """Shut every process down concurrently; returns when none of their children is left."""
+    await asyncio.gather(*(process.shutdown(timeout) for process in processes))
