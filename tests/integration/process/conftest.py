@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -13,25 +11,7 @@ import pytest
 
 from llmswap.config.model import ModelConfig
 from llmswap.process import LogRing, Process, ProcessEvent, shutdown_all
-from tests.helpers.demo import free_port
-
-WITHIN = 15.0  # generous upper bound for anything the tests wait on
-
-
-def demo_config(
-    model_id: str = "demo", *flags: str, port: int | None = None, **overrides: Any
-) -> ModelConfig:
-    """A model served by the demo upstream on a free port, with short timeouts."""
-    port = free_port() if port is None else port
-    config = ModelConfig(
-        id=model_id,
-        cmd=(sys.executable, "-m", "llmswap.demo", "--port", str(port), "--model-name", model_id, *flags),
-        proxy=f"http://127.0.0.1:{port}",
-        health_check_timeout=WITHIN,
-        unload_timeout=2.0,
-        port=port,
-    )
-    return dataclasses.replace(config, **overrides)
+from tests.helpers.models import WITHIN
 
 
 class EventRecorder:

@@ -8,7 +8,8 @@ import aiohttp
 import pytest
 
 from llmswap.process import ProcessState, StartAborted, shutdown_all
-from tests.integration.process.conftest import MakeProcess, demo_config, wait_for_line, wait_gone
+from tests.helpers.models import demo_config
+from tests.integration.process.conftest import MakeProcess, wait_for_line, wait_gone
 
 
 async def test_start_makes_the_upstream_ready_and_answering(make_process: MakeProcess) -> None:

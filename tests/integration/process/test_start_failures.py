@@ -11,7 +11,8 @@ import pytest
 
 from llmswap.process import ProcessState, StartFailed
 from tests.helpers.demo import free_port
-from tests.integration.process.conftest import MakeProcess, demo_config, spawned_pid, wait_gone
+from tests.helpers.models import demo_config
+from tests.integration.process.conftest import MakeProcess, spawned_pid, wait_gone
 
 
 async def test_premature_exit_fails_the_start_with_the_exit_code_and_last_output(

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from llmswap.process import ProcessState
-from tests.integration.process.conftest import MakeProcess, demo_config, is_gone, wait_for_line, wait_gone
+from tests.helpers.models import demo_config
+from tests.integration.process.conftest import MakeProcess, is_gone, wait_for_line, wait_gone
 
 
 async def test_graceful_stop_uses_sigterm(make_process: MakeProcess) -> None:

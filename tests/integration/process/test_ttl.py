@@ -6,7 +6,8 @@ import asyncio
 import time
 
 from llmswap.process import ProcessState
-from tests.integration.process.conftest import MakeProcess, demo_config, wait_gone
+from tests.helpers.models import demo_config
+from tests.integration.process.conftest import MakeProcess, wait_gone
 
 TTL = 0.3
 

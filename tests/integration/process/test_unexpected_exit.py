@@ -10,7 +10,8 @@ import aiohttp
 import pytest
 
 from llmswap.process import ProcessState
-from tests.integration.process.conftest import MakeProcess, demo_config, is_gone, wait_for_line, wait_gone
+from tests.helpers.models import demo_config
+from tests.integration.process.conftest import MakeProcess, is_gone, wait_for_line, wait_gone
 
 
 async def test_unexpected_exit_stops_the_process_and_the_next_start_works(make_process: MakeProcess) -> None:
