@@ -263,6 +263,14 @@ class BaseRouter(Effects):
     def snapshot(self) -> SchedulerSnapshot:
         return self.scheduler.snapshot()
 
+    def model_extras(self, model: str) -> dict[str, Any]:
+        """Router-specific facts about a model for /running and /v1/models (vram: its footprint)."""
+        return {}
+
+    def router_extras(self) -> dict[str, Any]:
+        """Router-specific facts for /running (the vram router adds its budget in use)."""
+        return {}
+
     async def wait_idle(self) -> None:
         """Wait until every posted event has been handled (tests use this instead of sleeping)."""
         while not self._events.empty() or not self._idle.is_set():

@@ -1,0 +1,213 @@
+"""The vram router: evictions decided by measured memory footprints against a budget.
+
+On top of BaseRouter it (1) waits, after evicting, until the freed memory is visible before starting
+the target (drivers release memory asynchronously; Ollama does the same), (2) recovers from an
+out-of-memory start by evicting every idle non-persistent model and retrying once, and (3) learns
+each model's footprint and load time from readings, persisted across restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from llmswap.config.model import Config
+from llmswap.gpu import FootprintBook, MemoryReader, device_labels, format_bytes, open_reader, wait_for_free
+from llmswap.process.errors import StartFailed
+from llmswap.process.state import ProcessState
+from llmswap.router.base import BaseRouter, ProcessFactory, ProcessLike
+from llmswap.router.schedulers import scheduler_factory
+from llmswap.scheduler.swappers.vram import VramSwapper, device_budgets
+from llmswap.scheduler.types import HandlerRequest, SwapPlan
+
+log = logging.getLogger("llmswap.router.vram")
+
+# What llama.cpp, vLLM/PyTorch, CUDA and Vulkan print when an allocation fails.
+_OOM = re.compile(
+    r"out of memory|outofmemory|cudamalloc failed|failed to allocate|insufficient memory|"
+    r"erroroutofdevicememory|cuda_error_out_of_memory",
+    re.IGNORECASE,
+)
+
+
+def looks_like_oom(text: str) -> bool:
+    return _OOM.search(text) is not None
+
+
+class VramRouter(BaseRouter):
+    def __init__(
+        self,
+        config: Config,
+        *,
+        process_factory: ProcessFactory | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        reader: MemoryReader | None = None,
+        sample_interval: float = 2.0,
+        memory_wait: float = 5.0,
+    ) -> None:
+        self.reader = reader if reader is not None else open_reader(logger=log)
+        budgets = device_budgets(config.routing.router.vram, self.reader.devices())
+        self.book = FootprintBook.for_config(config, budgets, logger=log)
+        swapper = VramSwapper(
+            self.book, budgets, config.models, evict_costs=config.routing.router.vram.evict_costs,
+            device_labels=device_labels(self.reader), logger=log,
+        )
+        super().__init__("vram", config, scheduler_factory(config, "vram", swapper, clock),
+                         process_factory=process_factory, clock=clock)
+        self.swapper = swapper
+        self.sample_interval = sample_interval
+        self.memory_wait = memory_wait
+        self.last_memory_wait: dict[str, float] = {}  # target -> seconds waited for memory before its start
+        self.oom_retries = 0
+        # Models being stopped by OOM recovery: reported as stopping at once, so the scheduler grants them
+        # to nobody between the decision and the process noticing its stop.
+        self._evicting: set[str] = set()
+        self._sampler: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        super().start()
+        if self._sampler is None and self.sample_interval > 0:
+            loop = asyncio.get_running_loop()
+            self._sampler = loop.create_task(self._sample_forever(), name="vram-sampler")
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sampler
+        try:
+            await super().shutdown(timeout)
+        finally:
+            self.book.save()
+            self.reader.close()
+
+    # ------------------------------------------------------------------ Effects, adjusted
+
+    def model_state(self, model: str) -> ProcessState | None:
+        if model in self._evicting and model in self.processes:
+            return ProcessState.STOPPING
+        return super().model_state(model)
+
+    def running_models(self) -> Mapping[str, ProcessState]:
+        running = dict(super().running_models())
+        for model in self._evicting & running.keys():
+            running[model] = ProcessState.STOPPING
+        return running
+
+    def grant_serve(self, req: HandlerRequest, model: str) -> bool:
+        granted = super().grant_serve(req, model)
+        if granted:
+            self.book.mark_used(model, self.clock())
+        return granted
+
+    # ------------------------------------------------------------------ swap hooks
+
+    async def after_evictions(self, plan: SwapPlan) -> None:
+        need = self.book.footprint_of(plan.model).per_device
+        waited = await wait_for_free(self.reader, need, timeout=self.memory_wait)
+        self.last_memory_wait[plan.model] = waited
+        if waited >= self.memory_wait:
+            log.warning("vram: %s: freed memory still not visible after %.1fs; starting anyway",
+                        plan.model, waited)
+        elif waited > 0:
+            log.info("vram: %s: waited %.2fs for evicted memory to come back", plan.model, waited)
+
+    async def start_target(self, process: ProcessLike) -> None:
+        try:
+            await process.ensure_ready()
+        except StartFailed as exc:
+            if not self._start_ran_out_of_memory(process, exc):
+                raise
+            victims = self._idle_victims(process.id)
+            if not victims:
+                raise
+            await self._recover_from_oom(process, victims, exc)
+            await process.ensure_ready()
+        self._learn(process)
+
+    def _start_ran_out_of_memory(self, process: ProcessLike, exc: StartFailed) -> bool:
+        logs = getattr(process, "logs", None)
+        recent = "\n".join(logs.tail(40)) if logs is not None else ""
+        return looks_like_oom(str(exc)) or looks_like_oom(recent)
+
+    def _idle_victims(self, target: str) -> list[str]:
+        in_flight = self.scheduler.snapshot().in_flight
+        return sorted(
+            m for m, p in self.processes.items()
+            if m != target and p.state is ProcessState.READY and not in_flight.get(m)
+            and not self.swapper.is_persistent(m) and m not in self._swaps
+        )
+
+    async def _recover_from_oom(self, process: ProcessLike, victims: list[str], exc: StartFailed) -> None:
+        self.oom_retries += 1
+        log.warning("vram: %s ran out of memory while starting (%s); evicting idle models %s, retrying once",
+                    process.id, exc, victims)
+        self._evicting.update(victims)
+        try:
+            await asyncio.gather(*(self.processes[m].stop(self.processes[m].config.unload_timeout)
+                                   for m in victims))
+        finally:
+            self._evicting.difference_update(victims)
+        for victim in victims:
+            self.stats.evictions[victim] = self.stats.evictions.get(victim, 0) + 1
+        need = self.book.footprint_of(process.id).per_device
+        await wait_for_free(self.reader, need, timeout=self.memory_wait)
+
+    # ------------------------------------------------------------------ learning
+
+    def _learn(self, process: ProcessLike) -> None:
+        if process.last_start_duration is not None:
+            self.book.record_load_time(process.id, process.last_start_duration)
+        self._sample(process)
+
+    def _sample(self, process: ProcessLike) -> None:
+        pid = process.pid
+        if pid is None or process.state is not ProcessState.READY:
+            return
+        try:
+            usage = self.reader.process_usage(pid)
+        except Exception:
+            log.exception("vram: reading the memory of %s (pid %d) failed", process.id, pid)
+            return
+        if usage and self.book.observe(process.id, usage):
+            self.book.save()
+
+    async def _sample_forever(self) -> None:
+        # Footprints grow after ready (KV cache, first batches): keep the peak while a model runs.
+        while True:
+            await asyncio.sleep(self.sample_interval)
+            for process in list(self.processes.values()):
+                self._sample(process)
+
+    # ------------------------------------------------------------------ reporting
+
+    def model_extras(self, model: str) -> dict[str, Any]:
+        footprint = self.book.footprint_of(model)
+        return {
+            "vram": {
+                "footprint": footprint.total,
+                "footprint_human": format_bytes(footprint.total),
+                "source": footprint.source,
+                "declared": footprint.declared,
+                "learned": footprint.learned,
+                "devices": sorted(footprint.per_device),
+                "load_seconds": self.book.load_time(model),
+            }
+        }
+
+    def router_extras(self) -> dict[str, Any]:
+        running = [m for m, p in self.processes.items() if p.state.is_running]
+        devices = {}
+        for device, budget in sorted(self.swapper.budgets.items()):
+            used = sum(self.book.footprint_of(m).per_device.get(device, 0) for m in running)
+            devices[self.swapper.label(device)] = {"budget": budget, "in_use": used,
+                                                   "budget_human": format_bytes(budget),
+                                                   "in_use_human": format_bytes(used)}
+        return {"vram": {"reader": self.reader.kind, "devices": devices}}

@@ -1,0 +1,120 @@
+"""The vram router over real demo upstreams whose GPU memory is faked (the one edge we cannot have here).
+
+Each demo writes its footprint into a shared directory once healthy; a FakeReader reads it as NVML would
+report per-process usage. With `--fake-gpu-total` a demo refuses to start (printing a CUDA out-of-memory
+error) when the others already hold too much: an emulated OOM.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmswap.config.model import Config, ModelConfig, RouterConfig, RoutingConfig, VramSettings
+from llmswap.gpu import FakeReader, GiB
+from llmswap.process.state import ProcessState
+from llmswap.router import build_router
+from llmswap.router.vram import VramRouter, looks_like_oom
+from tests.helpers.models import demo_config
+
+
+def model(name: str, gpu_dir: Path, actual: str, declared: int | None, *flags: str) -> ModelConfig:
+    return demo_config(name, "--fake-vram", actual, "--fake-gpu-dir", str(gpu_dir), *flags, vram=declared)
+
+
+def vram_config(tmp_path: Path, *models: ModelConfig, costs: dict[str, float] | None = None) -> Config:
+    settings = VramSettings(reserve=0, evict_costs=costs or {})
+    routing = RoutingConfig(router=RouterConfig(use="vram", vram=settings))
+    return Config(models={m.id: m for m in models}, routing=routing, state_dir=tmp_path / "state")
+
+
+def vram_router(config: Config, reader: FakeReader) -> VramRouter:
+    router = build_router(config, reader=reader)
+    assert isinstance(router, VramRouter)
+    router.sample_interval = 0  # sample at ready only: deterministic
+    router.start()
+    return router
+
+
+async def use(router: VramRouter, name: str) -> None:
+    async with router.acquire(name) as process:
+        assert process.state is ProcessState.READY
+
+
+def running(router: VramRouter) -> set[str]:
+    return {m for m, p in router.processes.items() if p.state is ProcessState.READY}
+
+
+async def test_models_beyond_the_budget_swap_least_recently_used_out(tmp_path: Path) -> None:
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    reader = FakeReader(totals=(10 * GiB,), gpu_dir=gpu)
+    # Equal eviction costs (else each model's measured load time decides), so recency breaks the tie.
+    models = [model(n, gpu, "4GiB", 4 * GiB) for n in ("a", "b", "c")]
+    config = vram_config(tmp_path, *models, costs={"a": 1, "b": 1, "c": 1})
+    router = vram_router(config, reader)
+    try:
+        await use(router, "a")
+        await use(router, "b")
+        assert running(router) == {"a", "b"}  # 8 GiB of 10: both fit
+        await use(router, "c")
+        assert running(router) == {"b", "c"}  # a was used least recently
+        assert reader.devices()[0].used == 8 * GiB
+        await use(router, "a")
+        assert running(router) == {"a", "c"}
+        assert router.stats.evictions == {"a": 1, "b": 1}
+        extras = router.router_extras()["vram"]["devices"]["GPU 0"]
+        assert extras["budget"] == 10 * GiB and extras["in_use"] == 8 * GiB
+    finally:
+        await router.shutdown()
+
+
+async def test_learned_footprint_raises_declaration_and_survives_restart(tmp_path: Path) -> None:
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    reader = FakeReader(totals=(5 * GiB,), gpu_dir=gpu)
+    # "d" declares 1 GiB but really takes 3 GiB: the declaration would have risked an OOM.
+    config = vram_config(tmp_path, model("d", gpu, "3GiB", 1 * GiB), model("e", gpu, "2GiB", 2 * GiB))
+    router = vram_router(config, reader)
+    try:
+        await use(router, "d")
+        assert router.book.footprint("d") == 3 * GiB
+        assert router.model_extras("d")["vram"]["source"] == "learned"
+    finally:
+        await router.shutdown()
+    assert (tmp_path / "state" / "footprints.json").exists()
+
+    restarted = vram_router(config, FakeReader(totals=(5 * GiB,), gpu_dir=gpu))
+    try:
+        assert restarted.book.footprint("d") == 3 * GiB  # remembered, not the declared 1 GiB
+        await use(restarted, "e")
+        await use(restarted, "d")  # 2 + 3 GiB fits 5 GiB exactly
+        assert running(restarted) == {"d", "e"}
+    finally:
+        await restarted.shutdown()
+
+
+async def test_out_of_memory_start_evicts_idle_models_and_retries_once(tmp_path: Path) -> None:
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    # The budget says 10 GiB, but the "device" really has 6: y (4) + x (4 real, 2 declared) does not fit.
+    reader = FakeReader(totals=(10 * GiB,), gpu_dir=gpu)
+    x = model("x", gpu, "4GiB", 2 * GiB, "--fake-gpu-total", "6GiB")
+    y = model("y", gpu, "4GiB", 4 * GiB)
+    router = vram_router(vram_config(tmp_path, x, y), reader)
+    try:
+        await use(router, "y")
+        await use(router, "x")  # first start dies with CUDA OOM; y is idle, so it is evicted and x retried
+        assert running(router) == {"x"}
+        assert router.oom_retries == 1
+        assert router.stats.evictions == {"y": 1}
+        assert any("out of memory" in line for line in router.processes["x"].logs.history())
+    finally:
+        await router.shutdown()
+
+
+def test_oom_detection_recognises_common_upstream_messages() -> None:
+    assert looks_like_oom("CUDA error: out of memory")
+    assert looks_like_oom("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert looks_like_oom("alloc_buffer: allocating 4096.00 MiB on device 0: cudaMalloc failed")
+    assert looks_like_oom("vk::Device::allocateMemory: ErrorOutOfDeviceMemory")
+    assert not looks_like_oom("upstream command exited prematurely (exit code 1)")
