@@ -130,14 +130,16 @@ class FakeEffects:
 
     # ----------------------------------------------------------------------------- the world moves
 
-    def complete_swap(self, sched: Scheduler, model: str, error: SchedulerError | None = None) -> None:
+    def complete_swap(
+        self, sched: Scheduler, model: str, error: SchedulerError | None = None, duration: float = 0.0
+    ) -> None:
         """Finish the latest swap to `model` as the router would: victims stopped, target ready (or not)."""
         plan = self.last_start(model)
         assert plan is not None, f"no swap to {model} was started"
         for victim in plan.evict:
             self.states[victim] = ProcessState.STOPPED
         self.states[model] = ProcessState.STOPPED if error is not None else ProcessState.READY
-        sched.on_swap_done(SwapDone(model, error))
+        sched.on_swap_done(SwapDone(model, error, duration))
 
     def finish_serving(self, sched: Scheduler, req: HandlerRequest) -> None:
         """The granted request's response ended: post its ServeDone."""
@@ -187,6 +189,25 @@ class FakeEffects:
     def last_position(self, req: HandlerRequest) -> int | None:
         seen = self.positions.get(req)
         return seen[-1] if seen else None
+
+
+def advance(sched: Scheduler, clock: ManualClock, seconds: float) -> int:
+    """Move the clock forward, firing the scheduler's timer at each deadline on the way as BaseRouter does.
+
+    Returns how many ticks fired.
+    """
+    target = clock.now + seconds
+    ticks = 0
+    while True:
+        deadline = sched.next_deadline()
+        if deadline is None or deadline > target:
+            break
+        assert ticks < 10_000, "the scheduler keeps asking for ticks without progress"
+        clock.now = max(clock.now, deadline)
+        sched.on_tick()
+        ticks += 1
+    clock.now = target
+    return ticks
 
 
 class ScriptedSwapper:

@@ -1,0 +1,1 @@
+"""The scheduling simulator: a virtual clock, simulated processes, the production schedulers."""

@@ -1,0 +1,319 @@
+"""The batch scheduler: serve the loaded model's requests first, swap when it is idle or a deadline presses.
+
+FIFO swaps whenever the head of its queue can go, so agents calling several models at once make
+it load a model for nearly every request. This scheduler keeps a loaded model serving while its
+clients keep coming, lets other models' requests wait — bounded — and then serves each model's
+accumulated requests in one residency.
+
+Where a request goes (`_place`, in queue order, as FIFO does):
+- unknown model → 404; a swap loading its model → join it; its model stopping → wait;
+- ready, nothing to evict, and its model is not making room → serve;
+- nothing has to stop for its model to load → start that swap now (rule `batch.free`);
+  swaps that do not touch each other run in parallel, as in FIFO;
+- otherwise it waits, and its model *contends* for the machine.
+
+Which contending model loads next, and when (`_plan`; arithmetic in `batch_plan`):
+- `maxWait`: no request waits longer than this because of batching. Each contending model has a
+  deadline (its oldest request's arrival + maxWait) and a slot (load + minResidency + a request's
+  service); from those the planner derives when the loaded models must start making room so that
+  every deadline is met. From then on the earliest-deadline model goes next (`batch.max_wait`):
+  the models it evicts stop taking new requests ("make room": new ones queue) and the swap starts
+  as soon as their requests in flight finish.
+- `minResidency`: a model loaded less than this long ago is not evicted for another model unless
+  it is idle (`llmswap.scheduler.idle`: nothing in flight or waiting, and its clients did not come
+  back within their observed think time). It takes precedence over `maxWait`, which is what stops
+  ping-pong when loads are slow compared to `maxWait`.
+- Before any deadline presses, a contending model loads only when every model it would evict is
+  idle; among several, the best by priority (model, then request), urgency (depth and age) and
+  tie-breaks (oldest arrival, model id) that can go first without making another miss its deadline
+  (`batch.deepest_queue`; `batch.idle` when it was the only one).
+- A busy model (requests in flight) is never evicted; loads nobody waits for are aborted when a
+  queued request needs them gone; unloads, stops and shutdown behave as in FIFO (shared core).
+
+Timers (deadlines, ends of minimum residency, ends of idle grace, queue timeouts) are reported by
+`next_deadline()` and acted on in `on_tick()`; the scheduler never sleeps or reads the wall clock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Mapping, Sequence
+
+from llmswap.config.model import EMPTY, AdmissionConfig, BatchSettings
+from llmswap.process.state import ProcessState
+from llmswap.scheduler.batch_plan import Contender, by_choice, by_deadline, can_go_first, latest_starts
+from llmswap.scheduler.core import QueueScheduler
+from llmswap.scheduler.errors import ModelNotFound, SchedulerError
+from llmswap.scheduler.estimates import ServiceTimes
+from llmswap.scheduler.idle import ClientGaps
+from llmswap.scheduler.types import Clock, Effects, HandlerRequest, Swapper
+
+RULE_FREE = "batch.free"  # nothing had to stop for the model: loaded at once
+RULE_IDLE = "batch.idle"  # the models in its way went idle and it was the only one waiting
+RULE_DEEPEST = "batch.deepest_queue"  # the models in its way went idle; it had the best score
+RULE_MAX_WAIT = "batch.max_wait"  # its oldest request's maxWait deadline made the loaded models give way
+
+_MAX_ROUNDS = 4  # serve/plan rounds per drain; each round that changes nothing ends it earlier
+
+
+class BatchScheduler(QueueScheduler):
+    """Implements `Scheduler` with swap-aware batching. Every method runs on the router's run loop."""
+
+    def __init__(
+        self,
+        name: str,
+        swapper: Swapper,
+        effects: Effects,
+        *,
+        limits: Mapping[str, int] = EMPTY,
+        settings: BatchSettings | None = None,
+        clock: Clock,
+        logger: logging.Logger | None = None,
+        admission: AdmissionConfig | None = None,
+        key_limits: Mapping[str, int] = EMPTY,
+        times: ServiceTimes | None = None,
+    ) -> None:
+        self.settings = settings or BatchSettings()
+        super().__init__(
+            name, swapper, effects, limits=limits, priority=self.settings.priority, clock=clock,
+            logger=logger or logging.getLogger(f"llmswap.scheduler.batch.{name}"),
+            admission=admission, key_limits=key_limits, times=times,
+        )
+        self.gaps = ClientGaps()
+        self._loaded_at: dict[str, float] = {}  # when each model's last successful swap finished
+        self._making_room: frozenset[str] = frozenset()  # ready models that take no new requests
+        self._wake: float | None = None  # when the plan must be looked at again
+
+    # ----------------------------------------------------------------------------- policy hooks
+
+    def _accept(self, req: HandlerRequest) -> None:
+        bisect.insort(self._queue, req, key=self._queue_key)
+        self._drain()
+
+    def _drain(self) -> None:
+        for _ in range(_MAX_ROUNDS):
+            moved = self._serve_round()
+            changed = self._plan()
+            if not (moved or changed):
+                break
+        self._publish_positions()
+        self._abort_unwanted_swaps()
+
+    def _holds(self, model: str) -> bool:
+        return model in self._making_room
+
+    def _policy_deadline(self) -> float | None:
+        return self._wake
+
+    def _arrived(self, req: HandlerRequest) -> None:
+        quiet = not self._in_flight.get(req.model) and not any(w.model == req.model for w in self._waiters())
+        self.gaps.arrived(req.model, self._clock(), quiet=quiet)
+
+    def _loaded(self, model: str, duration: float) -> None:
+        self._loaded_at[model] = self._clock()
+
+    def _finished(self, model: str) -> None:
+        self.gaps.finished(model, self._clock())
+
+    def _after_removal(self) -> None:
+        super()._after_removal()
+        self._drain()  # the model that lost a waiter may no longer be the one to load next
+
+    # ----------------------------------------------------------------------------- placement
+
+    def _serve_round(self) -> bool:
+        """Serve, join or freely start what can go without evicting anyone; True if anything moved."""
+        if not self._queue:
+            return False
+        remaining = [req for req in self._queue if not self._place(req)]
+        moved = len(remaining) != len(self._queue)
+        self._queue = remaining
+        return moved
+
+    def _place(self, req: HandlerRequest) -> bool:
+        """Serve, join, start a swap for, or fail `req`. False: it waits, and its model contends."""
+        state = self._effects.model_state(req.model)
+        if state is None:
+            self._fail(req, ModelNotFound(req.model))
+            return True
+        swap = self._active.get(req.model)
+        if swap is not None:
+            if swap.detached is not None:
+                return False  # its abandoned swap is still winding down
+            self._join(req, swap)
+            return True
+        if self._stopping.get(req.model):
+            return False
+        running = self._running_set(exclude=req.model)
+        try:
+            evict = tuple(self._swapper.evictions_for(req.model, running))
+        except SchedulerError as err:
+            self._fail(req, err)
+            return True
+        if evict or self._collides(req.model, evict):
+            return False
+        if state is ProcessState.READY:
+            if req.model in self._making_room:
+                return False
+            self._grant(req, req.model)
+            return True
+        detail = f"request #{req.seq} of {req.model}: nothing has to stop for it"
+        self._start_swap(req, (), running, RULE_FREE, detail)
+        return True
+
+    # ----------------------------------------------------------------------------- planning
+
+    def _plan(self) -> bool:
+        """Decide which contending model goes next and whether the loaded ones must make room.
+
+        Returns True when a swap started or the set of models making room changed (another serve
+        round may then move requests).
+        """
+        now = self._clock()
+        contenders = self._contenders()
+        wakes: list[float] = []
+        making_room: frozenset[str] = frozenset()
+        started = False
+        if contenders:
+            max_wait = self.settings.max_wait
+            ordered = by_deadline(list(contenders.values()), max_wait)
+            head = ordered[0]
+            evictions = self._evictions(head.model)
+            # None: the swapper says it can never run; the serve round answers such requests first.
+            head_evict = evictions or []
+            in_use = [v for v in head_evict if not self._idle(v, now)]
+            margin = max((self.times.service_upper(v) for v in in_use), default=0.0)
+            switch_at = latest_starts(ordered, max_wait)[0] - margin
+            if now >= switch_at:
+                making_room = frozenset(v for v in head_evict if not self._protected(v, now))
+                if evictions is not None and self._startable(head.model, head_evict, now, pressed=True):
+                    self._commit(head, head_evict, RULE_MAX_WAIT, contenders, now)
+                    started = True
+                else:
+                    for v in head_evict:
+                        if self._protected(v, now):
+                            wakes.append(self._loaded_at[v] + self.settings.min_residency)
+                            wakes.extend(self._quiet_wakes(v))
+            else:
+                wakes.append(switch_at)
+                started = self._choose_freely(list(contenders.values()), now, wakes)
+        changed = started or making_room != self._making_room
+        self._making_room = making_room
+        future = [t for t in wakes if t > now]
+        self._wake = min(future) if future else None
+        return changed
+
+    def _choose_freely(self, contenders: list[Contender], now: float, wakes: list[float]) -> bool:
+        """No deadline presses: load the best contender whose way is clear of models still in use."""
+        max_wait = self.settings.max_wait
+        for c in by_choice(contenders, now, max_wait):
+            if not can_go_first(c, contenders, now, max_wait):
+                continue
+            evict = self._evictions(c.model)
+            if evict is None:
+                continue
+            if self._startable(c.model, evict, now, pressed=False):
+                rule = RULE_DEEPEST if len(contenders) > 1 else RULE_IDLE
+                self._commit(c, evict, rule, {o.model: o for o in contenders}, now)
+                return True
+            for v in evict:
+                wakes.extend(self._quiet_wakes(v))
+        return False
+
+    def _startable(self, model: str, evict: Sequence[str], now: float, *, pressed: bool) -> bool:
+        """Whether a swap to `model` evicting `evict` may start now.
+
+        Never while it collides with a swap in progress or stops a model that is being unloaded or
+        still serving. Under deadline pressure a victim must only be past its minimum residency
+        (or idle); otherwise every victim must be idle.
+        """
+        if model in self._active or self._stopping.get(model):
+            return False
+        if not evict and self._effects.model_state(model) is ProcessState.READY:
+            return False  # loaded already: it only waits for its own turn to serve again
+        if self._collides(model, evict):
+            return False
+        for v in evict:
+            if self._stopping.get(v) or self._in_flight.get(v, 0) > 0:
+                return False
+            if pressed and self._protected(v, now):
+                return False
+            if not pressed and not self._idle(v, now):
+                return False
+        return True
+
+    def _commit(self, c: Contender, evict: Sequence[str], rule: str, contenders: Mapping[str, Contender],
+                now: float) -> None:
+        req = min((r for r in self._queue if r.model == c.model), key=self._queue_key)
+        self._queue.remove(req)
+        queues = ", ".join(
+            f"{o.model}={o.depth} (oldest {now - o.oldest:.1f}s)"
+            for o in sorted(contenders.values(), key=lambda o: o.model)
+        )
+        victims = ", ".join(f"{v} ({self._describe(v, now)})" for v in evict) or "nothing"
+        detail = (f"request #{req.seq} of {c.model} waited {now - req.arrived:.1f}s; queues: {queues}; "
+                  f"evict {victims}")
+        self._start_swap(req, tuple(evict), self._running_set(exclude=c.model), rule, detail)
+        # Its other queued requests join the swap in the next serve round.
+
+    def _contenders(self) -> dict[str, Contender]:
+        groups: dict[str, list[HandlerRequest]] = {}
+        for req in self._queue:
+            groups.setdefault(req.model, []).append(req)
+        return {
+            model: Contender(
+                model=model,
+                depth=len(reqs),
+                oldest=min(r.arrived for r in reqs),
+                model_priority=self._priority.get(model, 0),
+                request_priority=max(r.priority for r in reqs),
+                slot=self._slot(model),
+            )
+            for model, reqs in groups.items()
+        }
+
+    def _slot(self, model: str) -> float:
+        """How long `model` is expected to hold the machine once it goes: load, residency, a last request.
+
+        A model whose clients come back keeps serving them for its minimum residency; one whose
+        clients do not goes idle once its queued requests are served and its grace is over.
+        """
+        service = self.times.service_upper(model)
+        returning = self.gaps.returning(model)
+        if_returning = max(self.settings.min_residency, service)
+        if_not = service + self.gaps.grace(model)
+        residency = returning * if_returning + (1 - returning) * min(if_returning, if_not)
+        return self.times.load(model) + residency + service
+
+    # ----------------------------------------------------------------------------- model status
+
+    def _idle(self, model: str, now: float) -> bool:
+        """Nothing in flight or waiting, not loading, and the grace after its last request is over."""
+        if self._in_flight.get(model) or model in self._active:
+            return False
+        if any(r.model == model for r in self._queue):
+            return False
+        quiet_from = self.gaps.quiet_from(model)
+        return quiet_from is None or now >= quiet_from
+
+    def _protected(self, model: str, now: float) -> bool:
+        """Loaded less than minResidency ago and not idle: not to be evicted for another model."""
+        loaded_at = self._loaded_at.get(model)
+        if loaded_at is None or self._effects.model_state(model) is not ProcessState.READY:
+            return False
+        return now < loaded_at + self.settings.min_residency and not self._idle(model, now)
+
+    def _quiet_wakes(self, model: str) -> list[float]:
+        """When `model` may turn idle without any event: the end of its grace, if nothing else holds it."""
+        if self._in_flight.get(model) or model in self._active or any(r.model == model for r in self._queue):
+            return []
+        quiet_from = self.gaps.quiet_from(model)
+        return [] if quiet_from is None else [quiet_from]
+
+    def _describe(self, model: str, now: float) -> str:
+        loaded_at = self._loaded_at.get(model)
+        resident = f"resident {now - loaded_at:.1f}s" if loaded_at is not None else "resident ?"
+        last = self.gaps.last_finish(model)
+        quiet = f"last request {now - last:.1f}s ago" if last is not None else "never served"
+        return f"{resident}, {quiet}"
