@@ -1,0 +1,284 @@
+"""The model-routed inference routes (reference 5.2): read the body, find the model, rewrite the body for
+the upstream, wait for the model (with loading feedback when asked), then stream the upstream's answer.
+
+A request goes to a local model (by id or alias) when one matches, else to a peer, else it is a 404. The
+whole request runs under `proxy.while_connected`: a client that hangs up while queued leaves the queue
+(the router never starts a model for it), one that hangs up mid-stream closes the upstream request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from urllib.parse import urlencode
+
+from aiohttp import hdrs, web
+
+from llmswap.config.model import ModelConfig, PeerConfig
+from llmswap.process.state import ProcessState
+from llmswap.router import BaseRouter
+from llmswap.scheduler.errors import SchedulerError
+from llmswap.server import middleware
+from llmswap.server.errors import error_response, scheduler_error_response
+from llmswap.server.filters import FilterPlan, apply_plan, plan_for
+from llmswap.server.loading import LoadingFeedback, StreamDialect, dialect_for
+from llmswap.server.peers import forward_to_peer, resolve_peer
+from llmswap.server.proxy import (
+    CLIENT_CLOSED_REQUEST,
+    Body,
+    SplicedBody,
+    close_upstream_pool,
+    forward,
+    upstream_pool,
+    while_connected,
+)
+from llmswap.server.resolve import Identified, MalformedRequest, encode_form_value, identify
+from llmswap.server.state import ServerState, request_api_key, state
+
+PRIORITY_HEADER = "X-Priority"
+
+
+@dataclass(frozen=True)
+class InferenceRoute:
+    method: str
+    path: str  # as clients call it
+    upstream_path: str  # as the upstream receives it
+
+
+def _same(method: str, *paths: str) -> list[InferenceRoute]:
+    return [InferenceRoute(method, path, path) for path in paths]
+
+
+# llama-swap's model routes. `/v/...` and `/audioapi/...` drop their prefix on the way to the upstream.
+ROUTES: tuple[InferenceRoute, ...] = (
+    *_same(
+        "POST",
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/v1/completions",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/embeddings",
+        "/reranking",
+        "/rerank",
+        "/v1/rerank",
+        "/v1/reranking",
+        "/infill",
+        "/completion",
+        "/v1/audio/speech",
+        "/v1/audio/voices",
+        "/v1/audio/transcriptions",
+        "/v1/images/generations",
+        "/v1/images/edits",
+        "/sdapi/v1/txt2img",
+        "/sdapi/v1/img2img",
+    ),
+    *(
+        InferenceRoute("POST", f"/v{rest}", rest)
+        for rest in (
+            "/chat/completions",
+            "/responses",
+            "/completions",
+            "/messages",
+            "/messages/count_tokens",
+            "/embeddings",
+            "/rerank",
+            "/reranking",
+        )
+    ),
+    InferenceRoute("POST", "/audioapi/v1/tasks/run", "/v1/tasks/run"),
+    *_same("GET", "/v1/audio/voices", "/sdapi/v1/loras", "/props"),
+)
+
+
+def setup(app: web.Application) -> None:
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, _handler(route))
+    app.on_cleanup.append(close_upstream_pool)
+
+
+def _handler(route: InferenceRoute) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await while_connected(request, serve(request, route), on_gone=_client_left)
+
+    handle.__name__ = f"proxy {route.path}"
+    return handle
+
+
+def _client_left() -> web.StreamResponse:
+    return web.Response(status=CLIENT_CLOSED_REQUEST)
+
+
+# -------------------------------------------------------------------------------- one request
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(request: web.Request, limit: int) -> bytearray:
+    """The whole request body, refusing to hold more than `limit` bytes (the live config's limit, which a
+    reload may change, so aiohttp's fixed `client_max_size` is not what decides)."""
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLarge
+    body = bytearray()
+    if not request.body_exists:
+        return body
+    async for chunk in request.content.iter_any():
+        body += chunk
+        if len(body) > limit:
+            raise BodyTooLarge
+    return body
+
+
+def request_priority(request: web.Request) -> int:
+    """`X-Priority` when the client sent one, else its API key's default priority, else 0."""
+    header = request.headers.get(PRIORITY_HEADER, "").strip()
+    if header:
+        try:
+            return int(header)
+        except ValueError:
+            raise MalformedRequest(
+                f"{PRIORITY_HEADER} must be an integer (higher is served first), got {header!r}"
+            ) from None
+    key = request_api_key(request)
+    return key.priority if key is not None else 0
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One request as read: the route it came by, its body and what the body names."""
+
+    route: InferenceRoute
+    found: Identified
+    raw: bytearray
+    priority: int
+    dialect: StreamDialect
+
+
+async def serve(request: web.Request, route: InferenceRoute) -> web.StreamResponse:
+    server = state(request)
+    # Read once, together: a reload while this request waits must not pair one config with another router.
+    config, router = server.config, server.router
+    try:
+        raw = await read_body(request, config.max_request_body)
+    except ConnectionError:  # the client left while sending its body
+        return _client_left()
+    except BodyTooLarge:
+        return error_response(request, 413, middleware.too_large_message(config.max_request_body))
+    try:
+        found = identify(request.method, request.headers.get(hdrs.CONTENT_TYPE, ""), raw, request.query)
+        priority = request_priority(request)
+    except MalformedRequest as exc:
+        return error_response(request, 400, exc.message)
+    if not found.model:
+        return error_response(request, 404, "no model id could be identified")
+    incoming = Incoming(route, found, raw, priority, dialect_for(route.path))
+    try:
+        real = config.real_model_name(found.model)
+        if real is not None:
+            middleware.note_model(request, real)
+            return await _serve_local(request, server, router, config.models[real], incoming)
+        peer = resolve_peer(config, found.model)
+        if peer is not None:
+            middleware.note_model(request, found.model)
+            return await _serve_peer(request, peer[0], peer[1], incoming)
+    except ConnectionResetError:
+        return _client_left()
+    return error_response(request, 404, "no router for requested model")
+
+
+async def _serve_local(
+    request: web.Request, server: ServerState, router: BaseRouter, model: ModelConfig, incoming: Incoming
+) -> web.StreamResponse:
+    found = incoming.found
+    body = outgoing_body(incoming.raw, found, local_plan(model, found.model))
+    feedback: LoadingFeedback | None = None
+    position = 0
+
+    def on_position(new_position: int) -> None:
+        nonlocal position
+        position = new_position
+        if feedback is not None:
+            feedback.set_position(new_position)
+
+    def on_admitted(model_state: ProcessState) -> None:
+        nonlocal feedback
+        if found.streaming and model.send_loading_state and model_state is not ProcessState.READY:
+            feedback = LoadingFeedback(request, model.id, found.model, incoming.dialect, position=position)
+            feedback.start()
+
+    key = request_api_key(request)
+    try:
+        async with router.acquire(
+            model.id,
+            priority=incoming.priority,
+            api_key=key.key if key is not None else None,
+            on_admitted=on_admitted,
+            on_position=on_position,
+        ) as process:
+            loading_response = await feedback.finish() if feedback is not None else None
+            upstream = process.config
+            return await forward(
+                request,
+                base_url=upstream.proxy,
+                path=incoming.route.upstream_path,
+                session=upstream_pool(server).session(upstream.id, upstream.timeouts),
+                body=body,
+                response=loading_response,
+                response_header_timeout=upstream.timeouts.response_header,
+                sse_error=incoming.dialect.error,
+            )
+    except SchedulerError as err:
+        if feedback is not None:
+            return await feedback.fail(err.status, err.message)
+        return scheduler_error_response(request, err)
+    finally:
+        if feedback is not None:
+            await feedback.abandon()
+
+
+async def _serve_peer(
+    request: web.Request, peer: PeerConfig, bare_model: str, incoming: Incoming
+) -> web.StreamResponse:
+    found = incoming.found
+    plan = plan_for(peer.filters, found.model, model=bare_model)
+    return await forward_to_peer(
+        request,
+        peer,
+        path=incoming.route.upstream_path,
+        body=outgoing_body(incoming.raw, found, plan),
+        query=_query_with_model(request, bare_model) if found.source == "query" else None,
+        sse_error=incoming.dialect.error,
+    )
+
+
+# -------------------------------------------------------------------------------- body rewriting
+
+
+def local_plan(model: ModelConfig, requested: str) -> FilterPlan:
+    return plan_for(model.filters, requested, model=model.use_model_name or None)
+
+
+def outgoing_body(raw: bytearray, found: Identified, plan: FilterPlan) -> Body:
+    """The body to send: the client's bytes unless the plan changes something. JSON is re-serialized only
+    when a filter changed it; a form only has its `model` value spliced in, its other bytes untouched."""
+    if plan.empty:
+        return raw
+    if found.document is not None:
+        filtered, changed = apply_plan(found.document, plan)
+        if not changed:
+            return raw
+        return json.dumps(filtered, ensure_ascii=False, separators=(",", ":")).encode()
+    if plan.model is not None and found.model_span is not None and plan.model != found.model:
+        span = found.model_span
+        view = memoryview(raw)
+        return SplicedBody((view[: span.start], encode_form_value(found, plan.model), view[span.end :]))
+    return raw
+
+
+def _query_with_model(request: web.Request, model: str) -> str:
+    pairs = [(key, model if key == "model" else value) for key, value in request.query.items()]
+    return urlencode(pairs)
+

@@ -1,0 +1,191 @@
+"""The middlewares every request passes through: the access log, error shaping and CORS.
+
+Order (outermost first, see `app.py`): `access_log` → `errors` → `cors` → `auth.middleware` → route.
+`errors` turns anything a route or aiohttp itself raises (404/405 from the router, 413 from the body limit,
+a bug) into llmswap's error envelope, so no client ever sees aiohttp's HTML page or a traceback. `cors`
+answers every preflight before auth runs (browsers never send credentials on a preflight), and `setup`
+installs the hook that puts `Access-Control-Allow-Origin` on every response, streamed ones included.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from llmswap.server.errors import error_response
+
+access_logger = logging.getLogger("llmswap.access")
+log = logging.getLogger("llmswap.server")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# Never sent: marks, in the access log, a response the client did not stay for.
+CLIENT_GONE = 499
+
+ALLOW_METHODS = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
+DEFAULT_ALLOW_HEADERS = "Content-Type, Authorization, Accept, X-Requested-With"
+PREFLIGHT_MAX_AGE = "86400"
+_HEADER_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+@dataclass
+class AccessRecord:
+    """What a route tells the access log about its request."""
+
+    model: str = ""
+
+
+# The record is a mutable object, so a cloned request (auth clones to drop credentials) shares it with
+# the original the access log holds.
+ACCESS: web.RequestKey[AccessRecord] = web.RequestKey("llmswap_access", AccessRecord)
+
+
+def note_model(request: web.Request, model: str) -> None:
+    """Name the model a request was for, so its access-log line says it."""
+    record = request.get(ACCESS)
+    if isinstance(record, AccessRecord):
+        record.model = model
+
+
+def access_line(remote: str | None, method: str, path: str, status: int, seconds: float, model: str) -> str:
+    """One access-log line. The path only: query strings and headers may carry secrets."""
+    outcome = "client gone" if status == CLIENT_GONE else str(status)
+    line = f'{remote or "-"} "{method} {path}" {outcome} {seconds * 1000:.1f}ms'
+    return f"{line} model={model}" if model else line
+
+
+@web.middleware
+async def access_log(request: web.Request, handler: Handler) -> web.StreamResponse:
+    record = AccessRecord()
+    request[ACCESS] = record
+    started = time.monotonic()
+    status = CLIENT_GONE  # what remains if the handler is cancelled: the client left
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    except Exception:
+        status = 500
+        raise
+    finally:
+        access_logger.info(
+            "%s",
+            access_line(request.remote, request.method, request.path, status, time.monotonic() - started,
+                        record.model),
+        )
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise  # redirects and other non-errors pass as aiohttp built them
+        return error_response(request, exc.status, _http_error_message(request, exc), headers=_kept(exc))
+    except ConnectionError:
+        if _client_gone(request):
+            log.debug("%s %s: the client went away before the response was complete",
+                      request.method, request.path)
+            return _abandoned(request, CLIENT_GONE)
+        return _internal_error(request)
+    except Exception:
+        return _internal_error(request)
+
+
+def _internal_error(request: web.Request) -> web.StreamResponse:
+    log.exception("internal error while handling %s %s", request.method, request.path)
+    if request.writer is not None and request.writer.output_size > 0:
+        # Part of the answer is out already; a second status line would corrupt it. Cutting the
+        # connection is the one signal left that the response is incomplete.
+        return _abandoned(request, 500)
+    return error_response(
+        request, 500, f"internal error while handling {request.method} {request.path}; "
+        "the proxy log (/logs) has the details",
+    )
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+def _abandoned(request: web.Request, status: int) -> web.StreamResponse:
+    """A response for a connection that is (now) closed: aiohttp's attempt to send it fails quietly, and
+    the access log still records `status`."""
+    transport = request.transport
+    if transport is not None:
+        transport.close()
+    return web.Response(status=status)
+
+
+def _kept(exc: web.HTTPException) -> dict[str, str]:
+    # The exception's own headers (Allow on a 405, Retry-After...) survive; the body's do not.
+    return {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
+
+
+def too_large_message(limit: int) -> str:
+    """The 413 message for a body over `maxRequestBodySize` (`limit` bytes)."""
+    mib = 1024 * 1024
+    size = f"{limit // mib} MiB" if limit >= mib and limit % mib == 0 else f"{limit} bytes"
+    return (f"the request body is larger than the {size} llmswap accepts; raise maxRequestBodySize in the "
+            "config to allow it")
+
+
+def _http_error_message(request: web.Request, exc: web.HTTPException) -> str:
+    custom = exc.text if exc.text and exc.text != f"{exc.status}: {exc.reason}" else ""
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return too_large_message(request.client_max_size)  # the limit aiohttp enforced
+    if custom:
+        return custom
+    if isinstance(exc, web.HTTPNotFound):
+        return f"404 page not found: no route for {request.method} {request.path}"
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        return f"method {request.method} is not allowed on {request.path}; use {allowed}"
+    return exc.reason
+
+
+@web.middleware
+async def cors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.method == "OPTIONS":
+        return web.Response(status=204, headers=preflight_headers(request.headers))
+    return await handler(request)
+
+
+def preflight_headers(request_headers: Mapping[str, str]) -> dict[str, str]:
+    """The answer to a CORS preflight: any origin, the usual methods, the asked-for headers."""
+    requested = sanitize_header_names(request_headers.get("Access-Control-Request-Headers", ""))
+    return {
+        "Access-Control-Allow-Origin": "*",
+        "Access-Control-Allow-Methods": ALLOW_METHODS,
+        "Access-Control-Allow-Headers": requested or DEFAULT_ALLOW_HEADERS,
+        "Access-Control-Max-Age": PREFLIGHT_MAX_AGE,
+    }
+
+
+def sanitize_header_names(value: str) -> str:
+    """The comma-separated header names that are valid HTTP tokens (nothing else is echoed back)."""
+    names = (part.strip() for part in value.split(","))
+    return ", ".join(name for name in names if _HEADER_TOKEN.fullmatch(name))
+
+
+async def _allow_any_origin(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    origins = response.headers.getall("Access-Control-Allow-Origin", [])
+    if len(origins) == 1:
+        return  # a route (or the upstream) chose one: keep it
+    # None yet: any origin. Several (an upstream's plus ours): one value, since clients reject a list.
+    response.headers["Access-Control-Allow-Origin"] = origins[0] if origins else "*"
+
+
+def setup(app: web.Application) -> None:
+    """Install the response hook that gives every response, streamed ones too, its CORS origin header."""
+    app.on_response_prepare.append(_allow_any_origin)

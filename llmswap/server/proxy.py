@@ -1,0 +1,420 @@
+"""Forwarding one HTTP request to an upstream and relaying its answer as it arrives.
+
+Owns the upstream connection pool (one keep-alive `aiohttp.ClientSession` per upstream), `forward` (the
+request out, the response back, byte for byte and unbuffered), what a client sees when the upstream fails
+before or during the answer, and noticing a client that hung up while its request waits or streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import aiohttp
+from aiohttp import hdrs, web
+from multidict import CIMultiDict
+from yarl import URL
+
+from llmswap.config.model import Timeouts
+from llmswap.server.errors import error_body, error_response
+from llmswap.server.state import STATE, ServerState
+
+log = logging.getLogger("llmswap.proxy")
+
+# Headers that describe one connection, not the message (RFC 9110 7.6.1), never forwarded either way.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Recomputed by aiohttp from the body actually sent; `Expect: 100-continue` is answered by llmswap, which
+# already holds the whole body, so passing it on would only add a round trip.
+_REQUEST_ONLY_LOCAL = frozenset({"content-length", "expect"})
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first", for the access log
+DISCONNECT_POLL = 0.1  # seconds between checks that the client is still connected
+_ERROR_BODY_LIMIT = 64 * 1024
+
+UPSTREAMS_KEY = "upstreams"  # ServerState.extras key of the pool
+
+SseErrorFormatter = Callable[[int, str], bytes]
+
+
+def openai_sse_error(status: int, message: str) -> bytes:
+    """An error inside an OpenAI-style event stream: the error envelope as one event, then `[DONE]`."""
+    return b"data: " + error_body(status, message) + b"\n\ndata: [DONE]\n\n"
+
+
+# -------------------------------------------------------------------------------- connection pool
+
+
+class UpstreamPool:
+    """One keep-alive `ClientSession` per upstream (a model id, or `peer:<id>`) and transport settings."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[tuple[str, Timeouts], aiohttp.ClientSession] = {}
+        self._closed = False
+
+    def session(self, key: str, timeouts: Timeouts) -> aiohttp.ClientSession:
+        if self._closed:
+            raise RuntimeError("the upstream pool is closed (the server is shutting down)")
+        # Keyed by the timeouts too: a reload that changes them gets a fresh session while requests on the
+        # old one finish undisturbed.
+        session = self._sessions.get((key, timeouts))
+        if session is None or session.closed:
+            session = _new_session(timeouts)
+            self._sessions[(key, timeouts)] = session
+        return session
+
+    def keys(self) -> list[str]:
+        return sorted({key for key, _ in self._sessions})
+
+    async def close(self) -> None:
+        self._closed = True
+        sessions, self._sessions = list(self._sessions.values()), {}
+        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+
+
+def _new_session(timeouts: Timeouts) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(
+        limit=0,  # the scheduler's concurrencyLimit bounds requests per model, not the pool
+        keepalive_timeout=timeouts.idle_conn or None,
+        enable_cleanup_closed=False,
+    )
+    timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=timeouts.connect or None)
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        # Bytes pass through as the upstream encoded them (its Content-Encoding goes along with them).
+        auto_decompress=False,
+        # A shared session must not carry one client's cookies into another client's request.
+        cookie_jar=aiohttp.DummyCookieJar(),
+        # Send exactly the client's headers: no User-Agent, Accept or Accept-Encoding of aiohttp's own.
+        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+        trust_env=False,
+    )
+
+
+def upstream_pool(app_or_state: web.Application | ServerState) -> UpstreamPool:
+    """The server's pool, created on first use and kept in `state.extras["upstreams"]` (closed on cleanup)."""
+    server_state = app_or_state[STATE] if isinstance(app_or_state, web.Application) else app_or_state
+    pool = server_state.extras.get(UPSTREAMS_KEY)
+    if not isinstance(pool, UpstreamPool):
+        pool = UpstreamPool()
+        server_state.extras[UPSTREAMS_KEY] = pool
+    return pool
+
+
+async def close_upstream_pool(app: web.Application) -> None:
+    """`on_cleanup` hook: close every upstream session."""
+    pool = app[STATE].extras.get(UPSTREAMS_KEY)
+    if isinstance(pool, UpstreamPool):
+        await pool.close()
+
+
+# -------------------------------------------------------------------------------- request bodies
+
+
+@dataclass(frozen=True)
+class SplicedBody:
+    """A body made of slices of the client's body and small replacements, sent without joining them into
+    one more copy of a possibly large upload."""
+
+    parts: Sequence[bytes | memoryview] = field(default_factory=tuple)
+
+    @property
+    def size(self) -> int:
+        return sum(len(part) for part in self.parts)
+
+    async def chunks(self) -> AsyncIterator[bytes | memoryview]:
+        for part in self.parts:
+            yield part
+
+
+Body = bytes | bytearray | SplicedBody
+
+
+# -------------------------------------------------------------------------------- forwarding
+
+
+def upstream_url(base_url: str, path: str, raw_query: str) -> URL:
+    """`base_url` (its own path is a prefix) + `path` (sent as given, already percent-encoded) + query."""
+    base = base_url.rstrip("/")
+    if path and not path.startswith("/"):
+        path = "/" + path
+    text = base + path + (f"?{raw_query}" if raw_query else "")
+    return URL(text, encoded=True)
+
+
+def outgoing_headers(
+    request: web.BaseRequest,
+    extra_headers: Mapping[str, str] | None = None,
+    drop_headers: Collection[str] = (),
+) -> CIMultiDict[str]:
+    """The client's headers minus the hop-by-hop ones (and those its Connection header names) and
+    `drop_headers`, plus the client's address in X-Forwarded-For, then `extra_headers` (which replace any
+    header of the same name)."""
+    listed = {name.lower() for name in drop_headers} | {
+        token.strip().lower()
+        for value in request.headers.getall(hdrs.CONNECTION, ())
+        for token in value.split(",")
+    }
+    headers: CIMultiDict[str] = CIMultiDict()
+    for name, value in request.headers.items():
+        lower = name.lower()
+        if lower in HOP_BY_HOP or lower in listed or lower in _REQUEST_ONLY_LOCAL:
+            continue
+        headers.add(name, value)
+    if request.remote:
+        prior = ", ".join(headers.popall("X-Forwarded-For", ()))
+        headers["X-Forwarded-For"] = f"{prior}, {request.remote}" if prior else request.remote
+    for name, value in (extra_headers or {}).items():
+        headers[name] = value
+    return headers
+
+
+def _relayed_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
+    listed = {
+        token.strip().lower()
+        for value in upstream.headers.getall(hdrs.CONNECTION, ())
+        for token in value.split(",")
+    }
+    headers: CIMultiDict[str] = CIMultiDict()
+    for name, value in upstream.headers.items():
+        lower = name.lower()
+        if lower in HOP_BY_HOP or lower in listed:
+            continue
+        headers.add(name, value)
+    return headers
+
+
+def is_event_stream(content_type: str) -> bool:
+    return "text/event-stream" in content_type.lower()
+
+
+def describe(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+async def forward(
+    request: web.Request,
+    *,
+    base_url: str,
+    path: str,
+    session: aiohttp.ClientSession,
+    body: Body | None = None,
+    extra_headers: Mapping[str, str] | None = None,
+    response: web.StreamResponse | None = None,
+    query: str | None = None,
+    drop_headers: Collection[str] = (),
+    response_header_timeout: float = 0.0,
+    error_prefix: str = "upstream proxy error",
+    sse_error: SseErrorFormatter = openai_sse_error,
+) -> web.StreamResponse:
+    """Send `request` to `base_url` + `path` and relay the answer as it arrives.
+
+    The method, the headers (see `outgoing_headers`) and the body (the client's bytes when `body` is None)
+    go out; the status, headers and body come back unbuffered, event streams with `X-Accel-Buffering: no`.
+    `query` replaces the client's raw query string; `drop_headers` are not forwarded. An upstream that
+    cannot be reached (or sends no headers within `response_header_timeout` s, 0 = no limit) → 502 in the
+    error envelope, `error_prefix: why`.
+    An upstream that fails mid-answer ends an event stream with `sse_error`, any other body with a cut
+    connection (never a complete-looking truncated body). A client that leaves closes the upstream request.
+
+    `response` is a response already sent to the client (a loading stream's 200): the upstream's body is
+    written into it; its status and headers are lost, and an upstream error becomes an `sse_error` event.
+    """
+    headers = outgoing_headers(request, extra_headers, drop_headers)
+    if body is None:
+        body = await request.read() if request.body_exists else None
+    if isinstance(body, SplicedBody):
+        headers[hdrs.CONTENT_LENGTH] = str(body.size)
+    url = upstream_url(base_url, path, request.rel_url.raw_query_string if query is None else query)
+    try:
+        upstream = await _send(session, request.method, url, headers, body, response_header_timeout)
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        if isinstance(exc, TimeoutError):
+            why = f"no response headers within {response_header_timeout:g}s"
+        else:
+            why = describe(exc)
+        log.warning("%s %s → %s: %s", request.method, request.path, url, why)
+        message = f"{error_prefix}: {why}"
+        if response is not None and response.prepared:
+            await _write_quietly(response, sse_error(502, message))
+            return response
+        return error_response(request, 502, message)
+    completed = False
+    try:
+        if response is not None and response.prepared:
+            if upstream.status >= 400:
+                await _relay_error_into_stream(response, upstream, sse_error)
+                completed = True
+                return response
+        else:
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            response.headers.extend(_relayed_headers(upstream))
+            if is_event_stream(upstream.headers.get(hdrs.CONTENT_TYPE, "")):
+                response.headers["X-Accel-Buffering"] = "no"
+            await response.prepare(request)
+        completed = await _relay_body(request, response, upstream, error_prefix, sse_error)
+        return response
+    except ConnectionResetError:
+        # The client left while the answer streamed: closing the upstream request below is what stops the
+        # upstream generating for nobody.
+        log.debug("%s %s: the client disconnected mid-response", request.method, request.path)
+        return response if response is not None else web.Response(status=CLIENT_CLOSED_REQUEST)
+    finally:
+        if completed:
+            upstream.release()
+        else:
+            upstream.close()
+
+
+async def _send(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: URL,
+    headers: CIMultiDict[str],
+    body: Body | None,
+    header_timeout: float,
+) -> aiohttp.ClientResponse:
+    """Send the request; once more on a fresh connection if a pooled one turns out to be closed.
+
+    An upstream may close an idle keep-alive connection (llama-server after 5 s) just as llmswap reuses
+    it; the request then fails before anything was answered. Go's transport retries that case too."""
+    for attempt in (1, 2):
+        data = body.chunks() if isinstance(body, SplicedBody) else body
+        try:
+            async with asyncio.timeout(header_timeout or None):
+                return await session.request(method, url, headers=headers, data=data, allow_redirects=False)
+        except aiohttp.ServerDisconnectedError:
+            if attempt == 2:
+                raise
+            log.debug("%s %s: the pooled connection was closed by the upstream; retrying once", method, url)
+    raise AssertionError("unreachable")
+
+
+async def _relay_body(
+    request: web.Request,
+    response: web.StreamResponse,
+    upstream: aiohttp.ClientResponse,
+    error_prefix: str,
+    sse_error: SseErrorFormatter,
+) -> bool:
+    """Copy the upstream body to the client as it arrives; True when it arrived whole."""
+    while True:
+        try:
+            chunk = await upstream.content.readany()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            await _upstream_broke(request, response, f"{error_prefix}: the upstream broke off its answer "
+                                  f"({describe(exc)})", sse_error)
+            return False
+        if not chunk:
+            break
+        await response.write(chunk)
+    await response.write_eof()
+    return True
+
+
+async def _upstream_broke(
+    request: web.Request, response: web.StreamResponse, message: str, sse_error: SseErrorFormatter
+) -> None:
+    log.warning("%s %s: %s", request.method, request.path, message)
+    if is_event_stream(response.headers.get(hdrs.CONTENT_TYPE, "")):
+        await _write_quietly(response, sse_error(502, message))
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+        return
+    # Any other body cannot carry an error; ending it normally would pass a truncated answer off as
+    # complete, so the connection is cut instead.
+    transport = request.transport
+    if transport is not None:
+        transport.close()
+
+
+async def _relay_error_into_stream(
+    response: web.StreamResponse, upstream: aiohttp.ClientResponse, sse_error: SseErrorFormatter
+) -> None:
+    raw = await upstream.content.read(_ERROR_BODY_LIMIT)
+    text = raw.decode("utf-8", errors="replace").strip()
+    answered = f"the upstream answered {upstream.status} {upstream.reason or ''}".strip()
+    message = _error_message(text) or answered
+    await _write_quietly(response, sse_error(upstream.status, message))
+    with contextlib.suppress(ConnectionError):
+        await response.write_eof()
+
+
+def _error_message(text: str) -> str:
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(document, dict):
+        error = document.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        if isinstance(document.get("message"), str):
+            return str(document["message"])
+    return text
+
+
+async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
+    with contextlib.suppress(ConnectionError):
+        await response.write(data)
+
+
+# -------------------------------------------------------------------------------- client disconnects
+
+
+def client_gone(request: web.BaseRequest) -> bool:
+    """Whether the client's connection is closed (or closing)."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+T = TypeVar("T")
+
+
+async def while_connected(
+    request: web.BaseRequest,
+    work: Coroutine[Any, Any, T] | Awaitable[T],
+    *,
+    on_gone: Callable[[], T],
+    poll: float = DISCONNECT_POLL,
+) -> T:
+    """Run `work` until it finishes or the client hangs up; then cancel it and return `on_gone()`.
+
+    aiohttp does not cancel a handler when its client disconnects (unless the server runs with
+    `handler_cancellation=True`, which also works with this), so a request waiting in the queue would
+    otherwise stay there and could start a model for nobody.
+    """
+    task: asyncio.Future[T] = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll)
+            if done:
+                return task.result()
+            if client_gone(request):
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return on_gone()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

@@ -1,0 +1,65 @@
+"""What every route reads: the live config, router and log rings, replaced as one on a config reload.
+
+Handlers look these up per request (`state(request)`) and never keep them across awaits that span a
+reload: after a reload, new requests see the new router while old ones finish on the old.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from llmswap.config.model import ApiKey, Config
+from llmswap.process.logring import LogRing
+from llmswap.router.base import BaseRouter
+
+
+@dataclass
+class ServerState:
+    config: Config
+    router: BaseRouter
+    proxy_log: LogRing = field(default_factory=lambda: LogRing("proxy"))
+    started_at: float = field(default_factory=time.time)
+    # Filled by the modules that own them (upstream pool, metrics, event bus...), keyed by module name.
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def upstream_log(self) -> LogRing:
+        return self.router.upstream_log
+
+    def model_log(self, model: str) -> LogRing | None:
+        process = self.router.processes.get(model)
+        logs = getattr(process, "logs", None)
+        return logs if isinstance(logs, LogRing) else None
+
+
+STATE: web.AppKey[ServerState] = web.AppKey("llmswap_state", ServerState)
+# Set by the auth middleware on every authenticated request: the matching key (absent when auth is off).
+API_KEY: web.RequestKey[ApiKey] = web.RequestKey("llmswap_api_key", ApiKey)
+
+
+def state(request: web.Request) -> ServerState:
+    return request.app[STATE]
+
+
+def request_api_key(request: web.Request) -> ApiKey | None:
+    key = request.get(API_KEY)
+    return key if isinstance(key, ApiKey) else None
+
+
+class RingHandler(logging.Handler):
+    """Copies the proxy's own log records into the `proxy` ring that /logs serves."""
+
+    def __init__(self, ring: LogRing) -> None:
+        super().__init__()
+        self.ring = ring
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.ring.append(self.format(record))
+        except Exception:
+            self.handleError(record)

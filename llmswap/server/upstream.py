@@ -1,0 +1,151 @@
+"""`/upstream/<model>/<path>`: talk to one model's own server (its web UI, `/props`, `/metrics`...) directly.
+
+The model is the longest leading run of path segments that names a model id, an alias or a peer model
+(names may contain `/`). The rest of the path, escaping intact, the query and the body go to the upstream
+untouched: no filters, no `useModelName`. A local model is reached through the router like any request, so
+it is started (and others swapped out) when needed, except for paths matching `upstream.ignorePaths` (a
+browser fetching a page's assets must not trigger a swap): those get 409 while the model is not ready.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from llmswap.config.model import Config
+from llmswap.process.state import ProcessState
+from llmswap.scheduler.errors import SchedulerError
+from llmswap.server import proxy
+from llmswap.server.errors import error_response, scheduler_error_response
+from llmswap.server.inference import BodyTooLarge, read_body, request_priority
+from llmswap.server.middleware import CLIENT_GONE, note_model, too_large_message
+from llmswap.server.peers import forward_to_peer, resolve_peer
+from llmswap.server.resolve import MalformedRequest
+from llmswap.server.state import request_api_key, state
+
+PREFIX = "/upstream/"
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_get("/upstream", models_page)
+    app.router.add_route("*", "/upstream/{tail:.*}", to_upstream)
+
+
+@dataclass(frozen=True)
+class UpstreamTarget:
+    """What an `/upstream/...` path addresses."""
+
+    raw_name: str  # the model name as written in the URL, escaping kept (for the redirect)
+    model: str  # the real model id; for a peer, the peer's own name for the model
+    peer: str | None  # the peer serving it, None for a local model
+    path: str  # what follows the name, escaping kept: "" when nothing (not even "/") follows
+
+
+def find_target(config: Config, raw_tail: str) -> UpstreamTarget | None:
+    """Resolve the part of the path after `/upstream/`: the longest leading segments naming a model."""
+    segments = raw_tail.split("/")
+    for end in range(len(segments), 0, -1):
+        raw_name = "/".join(segments[:end])
+        name = unquote(raw_name)
+        if not name:
+            continue
+        rest = segments[end:]
+        path = "/" + "/".join(rest) if rest else ""
+        model_id = config.real_model_name(name)
+        if model_id is not None:
+            return UpstreamTarget(raw_name, model_id, None, path)
+        served = resolve_peer(config, name)
+        if served is not None:
+            return UpstreamTarget(raw_name, served[1], served[0].id, path)
+    return None
+
+
+def ignored(path: str, patterns: Sequence[str]) -> bool:
+    """Whether `upstream.ignorePaths` covers this path (each pattern may match anywhere in it)."""
+    return any(re.search(pattern, path) for pattern in patterns)
+
+
+async def models_page(request: web.Request) -> web.Response:
+    raise web.HTTPFound("/ui/models")
+
+
+async def to_upstream(request: web.Request) -> web.StreamResponse:
+    server = state(request)
+    raw_tail = request.rel_url.raw_path[len(PREFIX):]
+    target = find_target(server.config, raw_tail)
+    if target is None:
+        return error_response(
+            request, 404, f"model not found: /upstream/{unquote(raw_tail)} names no model id, alias or peer "
+            "model of this config; use /upstream/<model>/<path>",
+        )
+    if target.path == "":
+        # Relative links in the upstream's pages only resolve under the trailing-slash form.
+        location = f"{PREFIX}{target.raw_name}/"
+        if request.rel_url.raw_query_string:
+            location += "?" + request.rel_url.raw_query_string
+        if request.method in ("GET", "HEAD"):
+            raise web.HTTPMovedPermanently(location)
+        raise web.HTTPPermanentRedirect(location)
+    if target.peer is None:
+        refusal = _refuse_while_down(request, target.model, target.path)
+        if refusal is not None:
+            return refusal
+    limit = server.config.max_request_body
+    try:
+        # The whole body, size-checked against the live limit before anything queues: an oversized
+        # upload never starts a model.
+        raw = await read_body(request, limit)
+        priority = request_priority(request)
+    except BodyTooLarge:
+        return error_response(request, 413, too_large_message(limit))
+    except MalformedRequest as exc:
+        return error_response(request, 400, exc.message)
+    body = raw if request.body_exists else None
+    if target.peer is not None:
+        note_model(request, f"{target.peer}/{target.model}")
+        peer = server.config.peers[target.peer]
+        # The body goes as the client sent it: no model rewrite, no filters (unlike the inference routes).
+        return await forward_to_peer(request, peer, path=target.path, body=body)
+    note_model(request, target.model)
+    return await _to_model(request, target.model, target.path, body, priority)
+
+
+def _refuse_while_down(request: web.Request, model_id: str, path: str) -> web.Response | None:
+    """The 409 for a path in `upstream.ignorePaths` while the model is not ready (it must not start it)."""
+    server = state(request)
+    process = server.router.processes.get(model_id)
+    current = process.state if process is not None else ProcessState.STOPPED
+    if current is not ProcessState.READY and ignored(path, server.config.upstream_ignore_paths):
+        return error_response(
+            request, 409, f"model {model_id} is not loaded; path matches upstream.ignorePaths",
+        )
+    return None
+
+
+async def _to_model(
+    request: web.Request, model_id: str, path: str, body: bytearray | None, priority: int
+) -> web.StreamResponse:
+    server = state(request)
+    key = request_api_key(request)
+    pool = proxy.upstream_pool(server)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            waiting = stack.enter_async_context(server.router.acquire(
+                model_id, priority=priority, api_key=key.key if key is not None else None,
+            ))
+            # A client that hangs up while its request waits leaves the queue.
+            granted = await proxy.while_connected(request, waiting, on_gone=lambda: None)
+            if granted is None:
+                return web.Response(status=CLIENT_GONE)
+            config = granted.config
+            return await proxy.forward(
+                request, base_url=config.proxy, path=path, session=pool.session(model_id, config.timeouts),
+                body=body,
+            )
+    except SchedulerError as err:
+        return scheduler_error_response(request, err)

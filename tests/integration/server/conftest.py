@@ -1,0 +1,153 @@
+"""Serve the real llmswap app on a real loopback port for the server tests.
+
+`serve_config` is a factory fixture: `served = await serve_config(config)` builds the router and the
+`ServerState` for `config`, starts the router, serves `create_app(state)` on 127.0.0.1 through an aiohttp
+`AppRunner`, and returns a `Served` (base URL, state, app). Everything it served is torn down when the test
+ends — the HTTP site first (open handlers get a short grace), then every router the state ever held, so no
+demo upstream outlives its test. `http` is a plain client session for talking to it; `until(predicate)`
+waits for an in-process or async condition (router state, an upstream's /props) with a generous bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from llmswap.config.model import Config
+from llmswap.router import BaseRouter, ProcessFactory, build_router
+from llmswap.server.app import create_app
+from llmswap.server.state import ServerState
+from tests.helpers.wait import eventually
+
+HOST = "127.0.0.1"
+# Handlers still streaming when a test ends get this long before their connections are dropped.
+SHUTDOWN_GRACE = 1.0
+ROUTER_SHUTDOWN_GRACE = 2.0
+
+
+@dataclass
+class Served:
+    """One running llmswap server: where it listens and what it serves from."""
+
+    url: str  # base URL, no trailing slash
+    state: ServerState
+    app: web.Application
+    runner: web.AppRunner
+
+    @property
+    def router(self) -> BaseRouter:
+        # Read through the state: a config reload swaps the router under the same server.
+        return self.state.router
+
+    @property
+    def config(self) -> Config:
+        return self.state.config
+
+    def at(self, path: str) -> str:
+        return f"{self.url}{path}"
+
+
+class ServeConfig(Protocol):
+    def __call__(
+        self,
+        config: Config,
+        *,
+        router: BaseRouter | None = None,
+        process_factory: ProcessFactory | None = None,
+        prepare: Callable[[ServerState], Awaitable[None] | None] | None = None,
+        **state_fields: Any,
+    ) -> Awaitable[Served]: ...
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    config: Config,
+    *,
+    router: BaseRouter | None = None,
+    process_factory: ProcessFactory | None = None,
+    prepare: Callable[[ServerState], Awaitable[None] | None] | None = None,
+    **state_fields: Any,
+) -> AsyncIterator[Served]:
+    """Serve `config` for the duration of the block (the fixture uses this; tests needing two servers at
+    different moments can use it directly). `router` replaces the one `build_router` would make;
+    `prepare(state)` runs before the app is created (e.g. to put something in `state.extras`)."""
+    the_router = router if router is not None else build_router(config, process_factory=process_factory)
+    server_state = ServerState(config=config, router=the_router, **state_fields)
+    routers: list[BaseRouter] = [the_router]
+    runner: web.AppRunner | None = None
+    try:
+        the_router.start()
+        if prepare is not None:
+            maybe = prepare(server_state)
+            if maybe is not None:
+                await maybe
+        app = create_app(server_state)
+        runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_GRACE, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, HOST, 0)
+        await site.start()
+        port = _bound_port(runner)
+        yield Served(url=f"http://{HOST}:{port}", state=server_state, app=app, runner=runner)
+    finally:
+        if server_state.router not in routers:
+            routers.append(server_state.router)
+        if runner is not None:
+            await runner.cleanup()
+        for each in routers:
+            if not each.closing:
+                await each.shutdown(ROUTER_SHUTDOWN_GRACE)
+
+
+def _bound_port(runner: web.AppRunner) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    raise AssertionError(f"the test server is not listening on a TCP port: {runner.addresses}")
+
+
+async def until(
+    predicate: Callable[[], bool | Awaitable[bool]], *, what: str, within: float = 15.0
+) -> None:
+    """Wait for a condition (router state, a counter, or an async check such as an upstream's /props)
+    with a generous bound and a short poll interval."""
+
+    async def check() -> bool:
+        result = predicate()
+        return bool(await result) if inspect.isawaitable(result) else bool(result)
+
+    await eventually(check, within=within, what=what)
+
+
+@pytest.fixture
+async def serve_config() -> AsyncIterator[ServeConfig]:
+    """A factory: `await serve_config(config, **options)` → `Served`; all of them stop after the test."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def serve(
+            config: Config,
+            *,
+            router: BaseRouter | None = None,
+            process_factory: ProcessFactory | None = None,
+            prepare: Callable[[ServerState], Awaitable[None] | None] | None = None,
+            **state_fields: Any,
+        ) -> Served:
+            return await stack.enter_async_context(
+                serving(config, router=router, process_factory=process_factory, prepare=prepare,
+                        **state_fields)
+            )
+
+        yield serve
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client session with a generous overall bound, so a hung server fails the test instead of the run."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        yield session

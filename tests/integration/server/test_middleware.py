@@ -1,0 +1,179 @@
+"""The middlewares through real HTTP: CORS headers on every kind of response, one access-log line per
+request, and errors (413, a bug in a route, a failure mid-stream) shaped or cut, never a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from llmswap.process.state import ProcessState
+from llmswap.server import middleware
+from tests.helpers.models import demo_config, exclusive_config
+from tests.helpers.wait import eventually
+
+HOST = "127.0.0.1"
+
+
+async def test_every_response_allows_any_origin(serve_config, http):
+    served = await serve_config(exclusive_config(demo_config("m")))
+    async with http.get(served.at("/health")) as resp:
+        assert resp.headers.getall("Access-Control-Allow-Origin") == ["*"]
+    async with http.get(served.at("/no/such/route")) as resp:
+        assert resp.status == 404
+        assert resp.headers.getall("Access-Control-Allow-Origin") == ["*"]
+    async with http.get(served.at("/logs/stream?no-history")) as resp:
+        assert resp.status == 200
+        assert resp.headers.getall("Access-Control-Allow-Origin") == ["*"]
+
+
+async def test_preflight_on_any_path_is_204(serve_config, http):
+    served = await serve_config(exclusive_config(demo_config("m")))
+    async with http.options(served.at("/anything/at/all")) as resp:
+        assert resp.status == 204
+        assert resp.headers["Access-Control-Allow-Headers"] == middleware.DEFAULT_ALLOW_HEADERS
+
+
+async def test_one_access_line_per_request_naming_the_model(serve_config, http, caplog):
+    served = await serve_config(exclusive_config(demo_config("m")))
+    with caplog.at_level(logging.INFO, logger="llmswap.access"):
+        async with http.get(served.at("/v1/models?secret=hide-me")) as resp:
+            assert resp.status == 200
+        async with http.get(served.at("/upstream/m/health")) as resp:
+            assert resp.status == 200
+        async with http.get(served.at("/nope")) as resp:
+            assert resp.status == 404
+    lines = [r.getMessage() for r in caplog.records if r.name == "llmswap.access"]
+    assert len(lines) == 3
+    assert '"GET /v1/models" 200 ' in lines[0] and "hide-me" not in lines[0]
+    assert '"GET /upstream/m/health" 200 ' in lines[1] and lines[1].endswith(" model=m")
+    assert '"GET /nope" 404 ' in lines[2]
+
+
+async def test_body_over_the_limit_is_413_in_the_envelope(serve_config, http):
+    served = await serve_config(exclusive_config(demo_config("m"), max_request_body=1024))
+    body = b'{"model": "m", "padding": "' + b"x" * 4096 + b'"}'
+    async with http.post(served.at("/upstream/m/v1/chat/completions"), data=body,
+                         headers={"Content-Type": "application/json"}) as resp:
+        assert resp.status == 413
+        error = (await resp.json())["error"]
+    assert error["message"] == ("the request body is larger than the 1024 bytes llmswap accepts; "
+                                "raise maxRequestBodySize in the config to allow it")
+    assert error["code"] == "request_too_large"
+    # Refused before it queued: the model was never started for it.
+    assert served.router.processes["m"].state is ProcessState.STOPPED
+
+
+# A bare application with the same middlewares, for routes the real app does not have: one that fails.
+
+
+async def broken(request: web.Request) -> web.Response:
+    raise RuntimeError("a bug in a route")
+
+
+async def broken_mid_stream(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse()
+    await response.prepare(request)
+    await response.write(b"first part\n")
+    raise RuntimeError("a bug after the answer started")
+
+
+async def drip(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse()
+    await response.prepare(request)
+    for _ in range(500):
+        await response.write(b"tick\n")
+        await asyncio.sleep(0.02)
+    return response
+
+
+async def reads_the_body(request: web.Request) -> web.Response:
+    return web.Response(text=f"{len(await request.read())} bytes")
+
+
+async def refuses(request: web.Request) -> web.Response:
+    raise web.HTTPBadRequest(text="the widget field must be a number")
+
+
+async def moves(request: web.Request) -> web.Response:
+    raise web.HTTPFound("/elsewhere")
+
+
+@pytest.fixture
+async def bare_app() -> AsyncIterator[str]:
+    app = web.Application(middlewares=[middleware.access_log, middleware.errors, middleware.cors],
+                          client_max_size=2048)
+    middleware.setup(app)
+    app.router.add_get("/broken", broken)
+    app.router.add_get("/broken-mid-stream", broken_mid_stream)
+    app.router.add_get("/refuses", refuses)
+    app.router.add_get("/drip", drip)
+    app.router.add_post("/reads-the-body", reads_the_body)
+    app.router.add_get("/moves", moves)
+    runner = web.AppRunner(app, shutdown_timeout=1.0, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, HOST, 0)
+    await site.start()
+    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+    try:
+        yield f"http://{HOST}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_bug_in_a_route_is_a_500_envelope_and_a_logged_traceback(bare_app, http, caplog):
+    with caplog.at_level(logging.ERROR, logger="llmswap.server"):
+        async with http.get(f"{bare_app}/broken", headers={"Accept": "text/html"}) as resp:
+            assert resp.status == 500
+            text = await resp.text()
+    assert "Traceback" not in text and "a bug in a route" not in text
+    assert "internal error while handling GET /broken" in text
+    assert resp.headers["Access-Control-Allow-Origin"] == "*"
+    [record] = [r for r in caplog.records if r.name == "llmswap.server"]
+    assert record.exc_info is not None and "a bug in a route" in str(record.exc_info[1])
+
+
+async def test_a_failure_after_the_answer_started_cuts_the_connection(bare_app, http, caplog):
+    with caplog.at_level(logging.ERROR, logger="llmswap.server"):
+        async with http.get(f"{bare_app}/broken-mid-stream") as resp:
+            assert resp.status == 200
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await resp.read()
+    assert any("a bug after the answer started" in str(r.exc_info[1]) for r in caplog.records if r.exc_info)
+
+
+async def test_aiohttp_body_limit_is_a_413_envelope(bare_app, http):
+    async with http.post(f"{bare_app}/reads-the-body", data=b"x" * 1000) as resp:
+        assert await resp.text() == "1000 bytes"
+    async with http.post(f"{bare_app}/reads-the-body", data=b"x" * 5000) as resp:
+        assert resp.status == 413
+        error = (await resp.json())["error"]
+    assert error["message"] == ("the request body is larger than the 2048 bytes llmswap accepts; "
+                                "raise maxRequestBodySize in the config to allow it")
+
+
+async def test_http_errors_keep_their_message_and_redirects_pass(bare_app, http):
+    async with http.get(f"{bare_app}/refuses") as resp:
+        assert resp.status == 400
+        error = (await resp.json())["error"]
+    assert error["message"] == "the widget field must be a number" and error["code"] == "bad_request"
+    async with http.get(f"{bare_app}/moves", allow_redirects=False) as resp:
+        assert resp.status == 302 and resp.headers["Location"] == "/elsewhere"
+
+
+async def test_a_client_leaving_mid_stream_is_not_an_error(bare_app, caplog):
+    with caplog.at_level(logging.DEBUG, logger="llmswap"):
+        async with aiohttp.ClientSession() as session, session.get(f"{bare_app}/drip") as resp:
+            assert await resp.content.readline() == b"tick\n"
+
+        async def logged() -> bool:
+            return any(r.name == "llmswap.access" for r in caplog.records)
+
+        await eventually(logged, what="the access line of the abandoned request")
+    [line] = [r.getMessage() for r in caplog.records if r.name == "llmswap.access"]
+    assert '"GET /drip" client gone' in line
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
