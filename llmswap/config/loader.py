@@ -1,0 +1,354 @@
+"""Load a llama-swap configuration file (plus llmswap's additions) into a frozen `Config`.
+
+The pipeline follows llama-swap's: `${env.NAME}` on the text, YAML parsing, global macros on every
+top-level value but `models`, then per model (sorted ids) its macros, `${PORT}`, and the checks for
+macros left over. Then the typed reads, the alias map, peers, routing, hooks, keys and tasks. Every
+problem found on the way is collected; `ConfigError` lists them all, each with file, line and key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+from llmswap.config.envsubst import substitute_env
+from llmswap.config.errors import ConfigError, Problem, Problems, in_file_order
+from llmswap.config.fields import Fields
+from llmswap.config.macros import Macro, apply_macros, read_macros, report_unresolved
+from llmswap.config.model import (
+    DEFAULT_HEALTH_CHECK_TIMEOUT,
+    DEFAULT_MAX_REQUEST_BODY,
+    DEFAULT_START_PORT,
+    DEFAULT_UNLOAD_TIMEOUT,
+    DEFAULT_UPSTREAM_IGNORE_PATHS,
+    MIN_HEALTH_CHECK_TIMEOUT,
+    ApiKey,
+    Config,
+)
+from llmswap.config.models_section import ModelDefaults, ModelDraft, expand_model, read_model
+from llmswap.config.peers_section import read_peers
+from llmswap.config.routing_section import read_routing
+from llmswap.config.tasks_section import read_tasks, resolve_path
+from llmswap.config.yamltree import Map, Scalar, describe, parse_document
+
+TOP_LEVEL_KEYS = (
+    "healthCheckTimeout",
+    "logLevel",
+    "logTimeFormat",
+    "logToStdout",
+    "startPort",
+    "sendLoadingState",
+    "includeAliasesInList",
+    "globalTTL",
+    "unloadTimeout",
+    "macros",
+    "models",
+    "apiKeys",
+    "hooks",
+    "peers",
+    "routing",
+    "groups",
+    "matrix",
+    "upstream",
+    # llmswap additions
+    "maxRequestBodySize",
+    "stateDir",
+    "tasks",
+)
+# llama-swap features llmswap does not have; a llama-swap file carrying them still loads.
+IGNORED_TOP_LEVEL_KEYS = (
+    "metricsMaxInMemory",
+    "captureBuffer",
+    "store",
+    "ui",
+    "performance",
+    "profiles",
+    "selectors",
+    "logRequests",
+)
+LOG_LEVELS = ("debug", "info", "warn", "error")
+LOG_TO_STDOUT = ("proxy", "upstream", "both", "none")
+LOG_TIME_FORMATS = (
+    "",
+    "ansic",
+    "unixdate",
+    "rubydate",
+    "rfc822",
+    "rfc822z",
+    "rfc850",
+    "rfc1123",
+    "rfc1123z",
+    "rfc3339",
+    "rfc3339nano",
+    "kitchen",
+    "stamp",
+    "stampmilli",
+    "stampmicro",
+    "stampnano",
+)
+DEFAULT_STATE_DIR = ".llmswap-state"
+
+
+def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> Config:
+    """Read and load the config file at `path`. Raises `ConfigError`."""
+    shown = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError(
+            [Problem(shown, None, "", f"cannot read the config file: {reason}; check the path")]
+        ) from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            [Problem(shown, line, "", "the file is not UTF-8 text; save it as UTF-8")]
+        ) from None
+    return load_config_text(text, path=shown, environ=environ)
+
+
+def load_config_text(
+    text: str, *, path: str = "config.yaml", environ: Mapping[str, str] | None = None
+) -> Config:
+    """Load config text; `path` names it in messages and anchors relative paths. Raises `ConfigError`."""
+    problems = Problems(path)
+    text = substitute_env(text, os.environ if environ is None else environ, problems)
+    tree = parse_document(text, problems)
+    root = Fields(tree, "", problems)
+    root.warn_unknown(TOP_LEVEL_KEYS, IGNORED_TOP_LEVEL_KEYS)
+
+    global_macros = read_macros(tree.get("macros"), "macros", problems)
+    for key, entry in tree.entries.items():
+        if key in ("models", "macros") or key not in TOP_LEVEL_KEYS:
+            continue
+        apply_macros(entry.node, global_macros)
+        report_unresolved(entry.node, key, problems)
+
+    health_check_timeout = root.number("healthCheckTimeout", DEFAULT_HEALTH_CHECK_TIMEOUT)
+    if health_check_timeout < MIN_HEALTH_CHECK_TIMEOUT:
+        root.warn(
+            "healthCheckTimeout",
+            f"{health_check_timeout:g} is below the minimum of {MIN_HEALTH_CHECK_TIMEOUT:g} seconds, "
+            f"using {MIN_HEALTH_CHECK_TIMEOUT:g} (a model's own healthCheckTimeout may be shorter)",
+        )
+        health_check_timeout = MIN_HEALTH_CHECK_TIMEOUT
+    start_port = root.integer("startPort", DEFAULT_START_PORT, what="a port number")
+    if not 1 <= start_port <= 65535:
+        root.error(
+            "startPort", f"startPort must be greater than 1 (a port from 1 to 65535), got {start_port}"
+        )
+        start_port = DEFAULT_START_PORT
+    global_ttl = root.number("globalTTL", 0.0, minimum=0, accepted="0 (never unload) or seconds")
+    unload_timeout = root.number("unloadTimeout", 0.0, minimum=0) or DEFAULT_UNLOAD_TIMEOUT
+    send_loading_state = root.flag("sendLoadingState", False)
+    defaults = ModelDefaults(global_ttl, unload_timeout, health_check_timeout, send_loading_state)
+
+    models = _read_models(root, global_macros, start_port, defaults)
+    aliases = _alias_map(models, problems)
+    model_ids = {model_id: None for model_id in models}  # ordered set: YAML order
+
+    def resolve(name: str) -> str | None:
+        return name if name in models else aliases.get(name)
+
+    base_dir = Path(path).expanduser().absolute().parent
+    state_dir = root.text("stateDir").strip()
+    config = Config(
+        path=Path(path),
+        models=MappingProxyType({model_id: draft.config for model_id, draft in models.items()}),
+        aliases=MappingProxyType(aliases),
+        peers=MappingProxyType(read_peers(root, model_ids, aliases)),
+        routing=read_routing(root, model_ids, aliases),
+        health_check_timeout=health_check_timeout,
+        start_port=start_port,
+        global_ttl=global_ttl,
+        unload_timeout=unload_timeout,
+        log_level=_log_level(root),
+        log_to_stdout=_choice(root, "logToStdout", LOG_TO_STDOUT, "proxy"),
+        log_time_format=_log_time_format(root),
+        send_loading_state=send_loading_state,
+        include_aliases_in_list=root.flag("includeAliasesInList", False),
+        api_keys=_api_keys(root),
+        preload=_preload(root, resolve),
+        upstream_ignore_paths=_ignore_paths(root),
+        max_request_body=_max_request_body(root),
+        state_dir=resolve_path(state_dir or DEFAULT_STATE_DIR, base_dir),
+        tasks=read_tasks(root, base_dir, resolve),
+        warnings=tuple(str(warning) for warning in in_file_order(problems.warnings)),
+    )
+    problems.raise_if_errors()
+    return config
+
+
+def _read_models(
+    root: Fields, global_macros: list[Macro], start_port: int, defaults: ModelDefaults
+) -> dict[str, ModelDraft]:
+    section = root.mapping("models", "a mapping of model ids to model settings")
+    drafts: dict[str, ModelDraft] = {}
+    next_port = start_port
+    for model_id in sorted(section.names()):  # sorted: this order hands out the ${PORT}s
+        entry = section.map.entries[model_id]
+        if not model_id.strip():
+            section.error(model_id, "a model id must not be empty")
+            continue
+        fields, port = expand_model(model_id, entry, global_macros, next_port, root.problems)
+        if fields is None:
+            continue
+        if port is not None:
+            next_port = port + 1
+        drafts[model_id] = read_model(model_id, entry.key_line, fields, port, defaults)
+    return {model_id: drafts[model_id] for model_id in section.names() if model_id in drafts}
+
+
+def _alias_map(models: dict[str, ModelDraft], problems: Problems) -> dict[str, str]:
+    """Declared aliases first (file order), then setParamsByID keys (sorted models), as llama-swap does."""
+    aliases: dict[str, str] = {}
+    alias_line: dict[str, int] = {}
+    for model_id, draft in models.items():
+        for site in draft.aliases:
+            if site.name == model_id:
+                problems.warn(site.line, site.path, f"{site.name} is the model's own id; ignored")
+            elif site.name in models:
+                problems.error(
+                    site.line, site.path, f"alias {site.name} is also a model id; rename the alias"
+                )
+            elif site.name in aliases:
+                problems.error(
+                    site.line,
+                    site.path,
+                    f"duplicate alias {site.name} found in model: {model_id} "
+                    f"(already an alias of {aliases[site.name]} at line {alias_line[site.name]})",
+                )
+            else:
+                aliases[site.name] = model_id
+                alias_line[site.name] = site.line
+    for model_id in sorted(models):
+        for site in models[model_id].set_params_keys:
+            if site.name in models:
+                problems.error(
+                    site.line,
+                    site.path,
+                    f"model {model_id} filters.setParamsByID: key '{site.name}' "
+                    "conflicts with an existing model ID",
+                )
+            elif site.name in aliases:
+                if aliases[site.name] != model_id:
+                    problems.error(
+                        site.line,
+                        site.path,
+                        f"duplicate alias '{site.name}' in model {model_id} filters.setParamsByID, "
+                        f"already used by model {aliases[site.name]} (line {alias_line[site.name]})",
+                    )
+            else:
+                aliases[site.name] = model_id
+                alias_line[site.name] = site.line
+    return aliases
+
+
+def _choice(root: Fields, key: str, choices: tuple[str, ...], default: str) -> str:
+    value = root.text(key, default).strip()
+    if value not in choices:
+        root.error(key, f"{key} must be one of: {', '.join(choices)}; got {value!r}")
+        return default
+    return value
+
+
+def _log_level(root: Fields) -> str:
+    level = root.text("logLevel", "info").strip().lower()
+    level = "warn" if level == "warning" else level
+    if level not in LOG_LEVELS:
+        root.warn("logLevel", f"unknown level {level!r}, using info (valid: {', '.join(LOG_LEVELS)})")
+        return "info"
+    return level
+
+
+def _log_time_format(root: Fields) -> str:
+    value = root.text("logTimeFormat").strip()
+    if value.lower() not in LOG_TIME_FORMATS:
+        root.warn(
+            "logTimeFormat", f"unknown format {value!r}, timestamps disabled (valid: rfc3339, kitchen, ...)"
+        )
+        return ""
+    return value.lower()
+
+
+def _api_keys(root: Fields) -> tuple[ApiKey, ...]:
+    keys: list[ApiKey] = []
+    seen: set[str] = set()
+    for index, item in enumerate(root.items("apiKeys", "a list of keys")):
+        where = f"apiKeys[{index}]"
+        if isinstance(item, Scalar):
+            key, priority, max_concurrent = item.text, 0, 0
+        elif isinstance(item, Map):
+            fields = Fields(item, where, root.problems)
+            fields.warn_unknown(("key", "priority", "maxConcurrent"))
+            key = fields.text("key")
+            priority = fields.integer("priority", 0)
+            max_concurrent = fields.integer(
+                "maxConcurrent", 0, minimum=0, what="a whole number (0 = unlimited)"
+            )
+        else:
+            root.problems.error(
+                item.line, where, f"must be a key or a mapping with key:, got {describe(item)}"
+            )
+            continue
+        if not key.strip():
+            root.problems.error(
+                item.line, where, "empty api key found in apiKeys; give a key or remove the entry"
+            )
+            continue
+        if re.search(r"\s", key):
+            root.problems.error(
+                item.line, where, "api key cannot contain spaces; check for a stray space or line break"
+            )
+            continue
+        if key in seen:
+            root.problems.warn(item.line, where, "this key is listed twice; the first entry is used")
+            continue
+        seen.add(key)
+        keys.append(ApiKey(key=key, priority=priority, max_concurrent=max_concurrent))
+    return tuple(keys)
+
+
+def _preload(root: Fields, resolve: Callable[[str], str | None]) -> tuple[str, ...]:
+    hooks = root.mapping("hooks", "a mapping with on_startup:")
+    hooks.warn_unknown(("on_startup",))
+    on_startup = hooks.mapping("on_startup", "a mapping with preload:")
+    on_startup.warn_unknown(("preload",))
+    preload: list[str] = []
+    for name, line, where in on_startup.texts("preload", "a list of model ids or aliases"):
+        name = name.strip()
+        if not name:
+            continue
+        model = resolve(name)
+        if model is None:
+            root.problems.warn(line, where, f'unknown model "{name}" is not preloaded')
+            continue
+        preload.append(model)
+    return tuple(preload)
+
+
+def _ignore_paths(root: Fields) -> tuple[str, ...]:
+    upstream = root.mapping("upstream", "a mapping with ignorePaths:")
+    upstream.warn_unknown(("ignorePaths",))
+    patterns: list[str] = []
+    for pattern, line, where in upstream.texts("ignorePaths", "a list of regular expressions"):
+        try:
+            re.compile(pattern)
+        except (re.error, RecursionError, OverflowError) as exc:
+            root.problems.error(line, where, f"invalid regular expression {pattern!r}: {exc}")
+            continue
+        patterns.append(pattern)
+    return tuple(patterns) or DEFAULT_UPSTREAM_IGNORE_PATHS
+
+
+def _max_request_body(root: Fields) -> int:
+    size = root.size("maxRequestBodySize", DEFAULT_MAX_REQUEST_BODY, default_unit="B")
+    if size is None or size <= 0:
+        root.error("maxRequestBodySize", "must be a positive size such as 32MiB")
+        return DEFAULT_MAX_REQUEST_BODY
+    return size

@@ -1,0 +1,236 @@
+"""`format_config`: a loaded `Config` as YAML text, for `llmswap check-config FILE`.
+
+It shows what llmswap will actually use: macros expanded, ports assigned, defaults filled in,
+aliases resolved, each command's argv as it will be executed. API keys are shortened so the output
+can be pasted into a bug report. Warnings come first, as YAML comments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from llmswap.config.model import (
+    Capabilities,
+    Config,
+    Filters,
+    ModelConfig,
+    PeerConfig,
+    RouterConfig,
+    SchedulerConfig,
+    TasksConfig,
+    Timeouts,
+)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (commands) as `|` blocks, read-only mappings as plain ones."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+def _represent_mapping(dumper: yaml.SafeDumper, data: Mapping[str, Any]) -> yaml.MappingNode:
+    return dumper.represent_dict(dict(data))
+
+
+_Dumper.add_representer(str, _represent_str)
+_Dumper.add_multi_representer(Mapping, _represent_mapping)  # MappingProxyType included
+
+
+def _number(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else value
+
+
+def _redact(key: str) -> str:
+    return f"{key[:4]}… ({len(key)} characters)" if len(key) >= 12 else f"… ({len(key)} characters)"
+
+
+def _pruned(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` without the settings left empty (None, "", (), {}, False)."""
+    return {
+        key: value for key, value in values.items() if value is not False and value not in (None, "", [], {})
+    }
+
+
+def _timeouts(timeouts: Timeouts) -> dict[str, Any]:
+    return {
+        "connect": _number(timeouts.connect),
+        "keepalive": _number(timeouts.keepalive),
+        "responseHeader": _number(timeouts.response_header),
+        "tlsHandshake": _number(timeouts.tls_handshake),
+        "expectContinue": _number(timeouts.expect_continue),
+        "idleConn": _number(timeouts.idle_conn),
+    }
+
+
+def _filters(filters: Filters) -> dict[str, Any]:
+    return _pruned(
+        {
+            "stripParams": ", ".join(filters.strip_params),
+            "setParams": dict(filters.set_params),
+            "setParamsByID": {key: dict(value) for key, value in filters.set_params_by_id.items()},
+        }
+    )
+
+
+def _capabilities(capabilities: Capabilities | None) -> dict[str, Any] | None:
+    if capabilities is None:
+        return None
+    return _pruned(
+        {
+            "in": list(capabilities.input),
+            "out": list(capabilities.output),
+            "tools": capabilities.tools,
+            "reranker": capabilities.reranker,
+            "context": capabilities.context,
+        }
+    )
+
+
+def _model(model: ModelConfig) -> dict[str, Any]:
+    core = {
+        "cmd": model.cmd_text,
+        "argv": list(model.cmd),
+        "cmdStop": " ".join(model.cmd_stop),
+        "port": model.port,
+        "proxy": model.proxy,
+        "checkEndpoint": model.check_endpoint,
+        "ttl": _number(model.ttl),
+        "unloadTimeout": _number(model.unload_timeout),
+        "healthCheckTimeout": _number(model.health_check_timeout),
+        "concurrencyLimit": model.concurrency_limit,
+        "sendLoadingState": model.send_loading_state,
+    }
+    extra = _pruned(
+        {
+            "aliases": list(model.aliases),
+            "env": [f"{key}={value}" for key, value in model.env],
+            "useModelName": model.use_model_name,
+            "unlisted": model.unlisted,
+            "name": model.name,
+            "description": model.description,
+            "filters": _filters(model.filters),
+            "metadata": dict(model.metadata),
+            "timeouts": _timeouts(model.timeouts) if model.timeouts != Timeouts() else None,
+            "compat": {"ignoreWebsockets": True} if model.ignore_websockets else None,
+            "capabilities": _capabilities(model.capabilities),
+            "vram": model.vram,
+            "persistent": model.persistent,
+        }
+    )
+    if model.gpus is not None:  # an empty list means "no GPU", so it is shown
+        extra["gpus"] = list(model.gpus)
+    return {**{key: value for key, value in core.items() if value is not None and value != ""}, **extra}
+
+
+def _peer(peer: PeerConfig) -> dict[str, Any]:
+    return _pruned(
+        {
+            "proxy": peer.proxy,
+            "apiKey": _redact(peer.api_key) if peer.api_key else "",
+            "models": list(peer.models),
+            "filters": _filters(peer.filters),
+            "timeouts": _timeouts(peer.timeouts),
+        }
+    )
+
+
+def _router(router: RouterConfig) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "groups": {
+            group.id: {
+                "swap": group.swap,
+                "exclusive": group.exclusive,
+                "persistent": group.persistent,
+                "members": list(group.members),
+            }
+            for group in router.groups.values()
+        }
+    }
+    if router.matrix is not None:
+        settings["matrix"] = {
+            "vars": dict(router.matrix.vars),
+            "sets": dict(router.matrix.sets),
+            "evict_costs": dict(router.matrix.evict_costs),
+        }
+    if router.use == "vram":
+        settings["budget"] = router.vram.budget
+        settings["reserve"] = router.vram.reserve
+        settings["evict_costs"] = {key: _number(value) for key, value in router.vram.evict_costs.items()}
+    return {"use": router.use, "settings": settings}
+
+
+def _scheduler(scheduler: SchedulerConfig) -> dict[str, Any]:
+    batch = scheduler.batch
+    admission = scheduler.admission
+    return {
+        "use": scheduler.use,
+        "settings": {
+            "fifo": {"priority": dict(scheduler.priority)},
+            "batch": {
+                "maxWait": _number(batch.max_wait),
+                "minResidency": _number(batch.min_residency),
+                "priority": dict(batch.priority),
+            },
+        },
+        "admission": {
+            "maxQueue": admission.max_queue,
+            "maxQueuePerModel": admission.max_queue_per_model,
+            "policy": admission.policy,
+            "queueTimeout": _number(admission.queue_timeout),
+        },
+    }
+
+
+def _tasks(tasks: TasksConfig | None) -> dict[str, Any] | None:
+    if tasks is None:
+        return None
+    return {
+        "db": str(tasks.db),
+        "maxQueueDepth": tasks.max_queue_depth,
+        "priority": tasks.priority,
+        "types": {
+            name: _pruned({"model": task_type.model, "vram": task_type.vram})
+            for name, task_type in tasks.types.items()
+        },
+    }
+
+
+def format_config(config: Config) -> str:
+    """The resolved config as YAML (camelCase keys, effective values), warnings first as comments."""
+    document: dict[str, Any] = {
+        "healthCheckTimeout": _number(config.health_check_timeout),
+        "startPort": config.start_port,
+        "globalTTL": _number(config.global_ttl),
+        "unloadTimeout": _number(config.unload_timeout),
+        "logLevel": config.log_level,
+        "logToStdout": config.log_to_stdout,
+        "logTimeFormat": config.log_time_format,
+        "sendLoadingState": config.send_loading_state,
+        "includeAliasesInList": config.include_aliases_in_list,
+        "maxRequestBodySize": config.max_request_body,
+        "stateDir": str(config.state_dir) if config.state_dir is not None else None,
+        "apiKeys": [
+            {"key": _redact(key.key), "priority": key.priority, "maxConcurrent": key.max_concurrent}
+            for key in config.api_keys
+        ],
+        "upstream": {"ignorePaths": list(config.upstream_ignore_paths)},
+        "hooks": {"on_startup": {"preload": list(config.preload)}},
+        "models": {model_id: _model(model) for model_id, model in config.models.items()},
+        "aliases": dict(config.aliases),
+        "peers": {peer_id: _peer(peer) for peer_id, peer in config.peers.items()},
+        "routing": {
+            "router": _router(config.routing.router),
+            "scheduler": _scheduler(config.routing.scheduler),
+        },
+        "tasks": _tasks(config.tasks),
+    }
+    document = {key: value for key, value in document.items() if value is not None}
+    header = "".join(f"# warning: {warning}\n" for warning in config.warnings)
+    body = yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=110)
+    return header + body

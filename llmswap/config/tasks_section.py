@@ -1,0 +1,58 @@
+"""`tasks:`: the durable background task queue (the Peregrine adapter).
+
+Relative paths are taken from the config file's directory, not the working directory, so the same
+file finds the same database however llmswap is started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from types import MappingProxyType
+
+from llmswap.config.fields import Fields
+from llmswap.config.model import TasksConfig, TaskTypeConfig
+from llmswap.config.yamltree import Map
+
+DEFAULT_TASKS_DB = "./llmswap-tasks.sqlite"
+TASKS_KEYS = ("db", "maxQueueDepth", "types", "priority")
+TASK_TYPE_KEYS = ("model", "vram")
+
+
+def resolve_path(text: str, base_dir: Path) -> Path:
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else base_dir / path
+
+
+def read_tasks(root: Fields, base_dir: Path, resolve: Callable[[str], str | None]) -> TasksConfig | None:
+    if "tasks" not in root.map.entries:
+        return None
+    fields = root.mapping("tasks", "a mapping with db:, maxQueueDepth:, types:, priority:")
+    fields.warn_unknown(TASKS_KEYS)
+    defaults = TasksConfig(db=Path(DEFAULT_TASKS_DB))
+    db = fields.text("db", DEFAULT_TASKS_DB).strip() or DEFAULT_TASKS_DB
+    types: dict[str, TaskTypeConfig] = {}
+    section = fields.mapping("types", "a mapping of task type names to {model, vram}")
+    for name in section.names():
+        task_type = section.mapping(name, "a mapping with model: and vram:")
+        if not isinstance(section.map.get(name), Map):
+            continue
+        task_type.warn_unknown(TASK_TYPE_KEYS)
+        requested = task_type.text("model").strip()
+        if not requested:
+            task_type.error(
+                "model" if "model" in task_type.map.entries else None,
+                "model is required: the model id or alias that runs this task type",
+            )
+            continue
+        model = resolve(requested)
+        if model is None:
+            task_type.error("model", f'unknown model "{requested}"; use a model id or alias from models:')
+            continue
+        types[name] = TaskTypeConfig(name=name, model=model, vram=task_type.size("vram", None))
+    return TasksConfig(
+        db=resolve_path(db, base_dir),
+        max_queue_depth=fields.integer("maxQueueDepth", defaults.max_queue_depth, minimum=1),
+        types=MappingProxyType(types),
+        priority=fields.integer("priority", defaults.priority),
+    )
