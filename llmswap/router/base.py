@@ -4,6 +4,10 @@ Every scheduler call happens on `_run`, one event at a time, so scheduler state 
 (stopping victims, starting a model, stopping processes for an unload) runs in tasks started by the
 `Effects` methods, and its completion comes back through the same queue as an event. A request waits on
 two futures of its `Waiter`: `admitted` (passed admission: a loading stream may start) and `granted`.
+
+A config reload retires a router in favour of a successor that adopted some of its processes
+(`llmswap.router.handover`): the retired router sends its waiters and new requests to the successor,
+finishes the requests it already granted, and tells the successor what it still does to adopted processes.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llmswap.config.model import Config, ModelConfig
 from llmswap.process import LogRing, Process
@@ -35,7 +39,17 @@ from llmswap.scheduler.types import (
     Unload,
 )
 
+if TYPE_CHECKING:
+    from llmswap.router.handover import Handover
+
 log = logging.getLogger("llmswap.router")
+
+
+class Rerouted(SchedulerError):
+    """A retired router hands a waiter to its successor; `acquire` catches it and waits there instead."""
+
+    status = 503
+    code = "reloading"
 
 
 class ProcessLike(Protocol):
@@ -117,6 +131,7 @@ class _Swap:
     plan: SwapPlan
     task: asyncio.Task[None] | None = None
     starting: bool = False  # past the evictions: cancelling the task now aborts the target's start
+    evicted: bool = False  # every victim is stopped
     aborted: bool = False
 
 
@@ -161,6 +176,12 @@ class BaseRouter(Effects):
         self._closing = False
         self._processed = 0  # events fully handled; tests wait on it instead of sleeping
         self._idle = asyncio.Event()
+        self._serving: dict[str, int] = {}  # granted requests whose response has not ended, per model
+        # Config reload: the handover this router took over from (its predecessor still winding down),
+        # and the one that retired it. See llmswap.router.handover.
+        self._handover_in: Handover | None = None
+        self._handover_out: Handover | None = None
+        self._rerouting = False  # the scheduler was told to hand every waiter to the successor
         # Every model's output also goes to one combined ring: /logs/stream/upstream tails it.
         self.upstream_log = LogRing("upstream")
         make = process_factory or self._make_process
@@ -191,10 +212,16 @@ class BaseRouter(Effects):
             task.cancel()
         await asyncio.gather(*swap_tasks, return_exceptions=True)
         grace = timeout if timeout is not None else 5.0
+        # A retired router no longer owns the processes its successor adopted: the successor stops them.
+        handed = self._handover_out.adopted if self._handover_out is not None else frozenset()
         await asyncio.gather(
-            *(p.shutdown(grace) for p in self.processes.values()), return_exceptions=True
+            *(p.shutdown(grace) for mid, p in self.processes.items() if mid not in handed),
+            return_exceptions=True,
         )
         await asyncio.gather(*self._stop_tasks, return_exceptions=True)
+        predecessor = self._handover_in
+        if predecessor is not None and not predecessor.old.closing:
+            await predecessor.old.shutdown(timeout)
 
     @property
     def closing(self) -> bool:
@@ -203,6 +230,70 @@ class BaseRouter(Effects):
     def add_observer(self, observer: Observer) -> None:
         """Receive swap and process notifications (on the loop thread; must not block)."""
         self._observers.append(observer)
+
+    @property
+    def observers(self) -> tuple[Observer, ...]:
+        return tuple(self._observers)
+
+    # ----------------------------------------------------------------- config reload (see handover.py)
+
+    @property
+    def handover_in(self) -> Handover | None:
+        """The handover this router took over from, while its predecessor still winds down."""
+        return self._handover_in
+
+    @property
+    def retired(self) -> bool:
+        """Whether a config reload handed this router's work to a successor."""
+        return self._handover_out is not None
+
+    def hand_over(self, handover: Handover) -> None:
+        """Retire in favour of `handover.new`: waiters and new requests go there from now on.
+
+        Synchronous, so no request can slip between the two routers. Requests already granted here
+        finish here; `handover` tracks them and the swaps still running until this router is idle.
+        """
+        if handover.old is not self or self._handover_out is not None:
+            raise RuntimeError(f"{self.name}: already handed over, or the handover is not from this router")
+        self._handover_out = handover
+        handover.new._handover_in = handover
+        # The scheduler hands every waiter over before it handles anything else (see _run); the tick
+        # only wakes the loop up for that.
+        self._post(_Tick())
+
+    def swap_claims(self) -> dict[str, ProcessState]:
+        """What this router's unfinished swaps are doing to processes: the target is starting, victims
+        not yet stopped are stopping. A successor reads this for the processes it adopted."""
+        claims: dict[str, ProcessState] = {}
+        for swap in self._swaps.values():
+            if not swap.evicted:
+                for victim in swap.plan.evict:
+                    claims[victim] = ProcessState.STOPPING
+        for model, swap in self._swaps.items():
+            if not swap.aborted:
+                claims.setdefault(model, ProcessState.STARTING)
+        return claims
+
+    def serving(self, model: str) -> int:
+        """Granted requests of `model` whose responses have not ended yet."""
+        return self._serving.get(model, 0)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a swap is under way or a granted response has not ended."""
+        return bool(self._swaps) or any(self._serving.values())
+
+    def poke(self) -> None:
+        """Have the scheduler re-read its queue: the world changed without an event of its own."""
+        self._post(_Tick())
+
+    def finish_loop(self) -> None:
+        """End the run loop of a retired router that has nothing left to do."""
+        self._post(_Shutdown())
+
+    def _handover_progress(self) -> None:
+        if self._handover_out is not None:
+            self._handover_out.changed()
 
     # ----------------------------------------------------------------- public request API
 
@@ -221,6 +312,12 @@ class BaseRouter(Effects):
         Raises the `SchedulerError` the scheduler chose (unknown model, limits, failed swap...). Honours
         cancellation at every point: a cancelled waiter leaves the queue and never triggers a swap.
         """
+        if self._handover_out is not None:
+            async with self._handover_out.new.acquire(
+                model, priority=priority, api_key=api_key, on_admitted=on_admitted, on_position=on_position
+            ) as process:
+                yield process
+            return
         if self._closing or self._run_task is None:
             raise ShuttingDown(f"{self.name} is shutting down")
         loop = asyncio.get_running_loop()
@@ -230,29 +327,55 @@ class BaseRouter(Effects):
             api_key=api_key, handle=waiter,
         )
         self._events.put_nowait(_Request(req))
+        admitted_told = False
         try:
             await waiter.admitted
             if on_admitted is not None:
-                process = self.processes.get(model)
-                on_admitted(process.state if process else ProcessState.STOPPED)
+                admitted_told = True
+                on_admitted(self.model_state(model) or ProcessState.STOPPED)
             granted_model = await waiter.granted
+        except Rerouted:
+            granted_model = None
         except asyncio.CancelledError:
             waiter.gone = True
             if _succeeded(waiter.granted):
                 # Granted in the same instant the client left: the grant counted, so it must be released.
-                self._post(ServeDone(model, req))
+                self._served(waiter.granted.result(), req)
             else:
                 self._post(_Cancel(req))
             raise
+        if granted_model is None:
+            # This router was retired while the request waited: wait on the successor instead. The
+            # loading stream (if any) has already begun and must not begin twice.
+            assert self._handover_out is not None
+            async with self._handover_out.new.acquire(
+                model, priority=priority, api_key=api_key,
+                on_admitted=None if admitted_told else on_admitted, on_position=on_position,
+            ) as process:
+                yield process
+            return
         process = self.processes[granted_model]
         try:
             with process.track_request():
                 yield process
         finally:
-            self._post(ServeDone(granted_model, req))
+            self._served(granted_model, req)
+
+    def _served(self, model: str, req: HandlerRequest) -> None:
+        """A granted request ended: tell the scheduler, and a successor waiting for this model to be free."""
+        self._post(ServeDone(model, req))
+        left = self._serving.get(model, 0) - 1
+        if left > 0:
+            self._serving[model] = left
+        else:
+            self._serving.pop(model, None)
+            self._handover_progress()
 
     async def unload(self, models: Iterable[str] | None = None, timeout: float | None = None) -> None:
         """Stop these models (all when None), failing their waiters; returns once the processes are dead."""
+        if self._handover_out is not None:
+            await self._handover_out.new.unload(models, timeout)
+            return
         targets = tuple(models) if models is not None else tuple(self.processes)
         if self._closing or self._run_task is None:
             return
@@ -290,6 +413,14 @@ class BaseRouter(Effects):
                 self._idle.set()
             event = await self._events.get()
             self._idle.clear()
+            if self._handover_out is not None and not self._rerouting:
+                self._rerouting = True
+                # Before anything else: a retired scheduler must not start another swap, and every
+                # waiter goes on to wait on the successor (acquire catches Rerouted).
+                try:
+                    sched.on_shutdown(Rerouted(f"{self.name} was replaced by a config reload"))
+                except Exception:
+                    log.exception("router %s: error handing its waiters over", self.name)
             try:
                 match event:
                     case _Request(req):
@@ -344,10 +475,20 @@ class BaseRouter(Effects):
 
     def model_state(self, model: str) -> ProcessState | None:
         process = self.processes.get(model)
-        return process.state if process is not None else None
+        return self._visible_state(model, process.state) if process is not None else None
 
     def running_models(self) -> Mapping[str, ProcessState]:
-        return {mid: p.state for mid, p in self.processes.items() if p.state.is_running}
+        states = {mid: self._visible_state(mid, p.state) for mid, p in self.processes.items()}
+        return {mid: state for mid, state in states.items() if state.is_running}
+
+    def _visible_state(self, model: str, state: ProcessState) -> ProcessState:
+        # An adopted process that a predecessor is still starting or stopping is in that state for
+        # this scheduler too, even before the predecessor's swap has touched it.
+        if self._handover_in is not None:
+            claimed = self._handover_in.claim(model)
+            if claimed is not None:
+                return claimed
+        return state
 
     def start_swap(self, plan: SwapPlan) -> None:
         self.stats.swaps_by_rule[plan.rule] = self.stats.swaps_by_rule.get(plan.rule, 0) + 1
@@ -382,6 +523,9 @@ class BaseRouter(Effects):
         if not waiter.admitted.done():
             waiter.admitted.set_result(None)
         waiter.granted.set_result(model)
+        # Counted from the grant, not from when the handler resumes: a successor must never see this
+        # model as free in between.
+        self._serving[model] = self._serving.get(model, 0) + 1
         return True
 
     def grant_error(self, req: HandlerRequest, err: SchedulerError) -> None:
@@ -417,7 +561,12 @@ class BaseRouter(Effects):
         try:
             if plan.evict:
                 await asyncio.gather(*(self._evict(m) for m in plan.evict))
+            swap.evicted = True
+            self._handover_progress()
+            if plan.evict:
                 await self.after_evictions(plan)
+            if self._handover_in is not None:
+                await self._handover_in.before_start()
             if swap.aborted:
                 raise asyncio.CancelledError
             swap.starting = True
@@ -444,6 +593,8 @@ class BaseRouter(Effects):
     async def _evict(self, model: str) -> None:
         # llama-swap uses healthCheckTimeout (default 120 s) as the eviction grace; the victim's own
         # unloadTimeout is what users actually configure for "how long may it take to stop".
+        if self._handover_in is not None:
+            await self._handover_in.before_evict(model)
         process = self.processes[model]
         await process.stop(process.config.unload_timeout)
 
@@ -461,6 +612,7 @@ class BaseRouter(Effects):
         if ev.error is not None:
             self.stats.swap_failures += 1
         self._notify(SwapFinished(swap.plan, ev.error, ev.duration))
+        self._handover_progress()
 
     async def _do_stop(
         self, models: tuple[str, ...], timeout: float | None, done: asyncio.Future[None] | None
@@ -481,6 +633,10 @@ class BaseRouter(Effects):
         return Process(config, on_event=on_event, mirror=self.upstream_log)
 
     def _on_process_event(self, event: Any) -> None:
+        handover = self._handover_out
+        if handover is not None and getattr(event, "model", None) in handover.adopted:
+            handover.new._on_process_event(event)  # the process is the successor's now
+            return
         # Stops the scheduler asked for come back as SwapDone/StopDone; only the others need telling.
         kind = getattr(event, "kind", "")
         if kind == "exited" or (kind == "stopped" and getattr(event, "detail", "") == "ttl expired"):

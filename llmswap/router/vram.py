@@ -143,6 +143,8 @@ class VramRouter(BaseRouter):
             m for m, p in self.processes.items()
             if m != target and p.state is ProcessState.READY and not in_flight.get(m)
             and not self.swapper.is_persistent(m) and m not in self._swaps
+            # After a config reload, the previous router may still be streaming from an adopted model.
+            and not (self.handover_in is not None and self.handover_in.serving(m))
         )
 
     async def _recover_from_oom(self, process: ProcessLike, victims: list[str], exc: StartFailed) -> None:

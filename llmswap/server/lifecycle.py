@@ -1,0 +1,260 @@
+"""One llmswap server's life: logging, router, listener, preload, signals, config reload, graceful stop.
+
+    start   logging as the config says; router; the HTTP listener; then `hooks.on_startup.preload`, each
+            model in turn through `router.acquire` — a request's own path, so it swaps like one would
+    run     SIGHUP, or a changed file under --watch-config, reloads the config (`llmswap.server.reload`)
+    stop    SIGINT/SIGTERM: stop accepting, let the responses in flight finish for a grace period
+            (then cut them), stop every upstream, exit 0. A second signal cuts everything at once.
+
+The upstreams also die with us if we are killed outright: each child has a parent-death signal
+(`llmswap.process.child`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from llmswap import __version__
+from llmswap.config import Config
+from llmswap.process.logring import LogRing
+from llmswap.router import build_router
+from llmswap.scheduler.errors import SchedulerError
+from llmswap.server.app import create_app
+from llmswap.server.logsetup import configure_logging
+from llmswap.server.reload import WATCH_INTERVAL, ConfigWatcher, ReloadOutcome, reload_from_file
+from llmswap.server.state import ServerState
+
+log = logging.getLogger("llmswap.server")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+SHUTDOWN_GRACE = 10.0  # seconds responses in flight get to finish once a stop is asked for
+UPSTREAM_STOP_GRACE = 5.0  # seconds each upstream gets between SIGTERM and SIGKILL at shutdown
+HURRY_GRACE = 1.0  # the same two, after a second signal
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What `llmswap --config ...` was asked for, beyond the config file itself."""
+
+    config_path: Path
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT  # 0: any free port (the log says which)
+    watch_config: bool = False
+    log_level: str | None = None  # overrides the config's logLevel
+    shutdown_grace: float = SHUTDOWN_GRACE
+    watch_interval: float = WATCH_INTERVAL
+
+
+class StartError(Exception):
+    """The server cannot start; the message says what to change."""
+
+
+class ListenError(StartError):
+    """The HTTP listener could not be opened (address in use, bad host, no permission)."""
+
+
+class UnusableConfig(StartError):
+    """The config loaded but no router can be built for it."""
+
+
+async def preload(state: ServerState, models: Sequence[str]) -> None:
+    """Load `models` one after the other, each as a request would; a failure is logged and skipped."""
+    for model in models:
+        router = state.router  # read per model: a reload meanwhile hands the rest to the new router
+        began = time.monotonic()
+        try:
+            async with router.acquire(model):
+                pass
+        except SchedulerError as err:
+            log.warning("preload: %s did not load: %s", model, err.message)
+        except Exception:
+            log.exception("preload: %s did not load", model)
+        else:
+            log.info("preload: %s ready (%.2fs)", model, time.monotonic() - began)
+
+
+class Server:
+    """A running llmswap: `await start()`, then `await run()` until a signal (or `request_stop()`)."""
+
+    def __init__(self, options: ServeOptions, config: Config) -> None:
+        self.options = options
+        self.proxy_log = LogRing("proxy")
+        try:
+            router = build_router(config)
+        except ValueError as err:
+            raise UnusableConfig(f"{config.path or 'the config'}: {err}") from None
+        self.state = ServerState(config=config, router=router, proxy_log=self.proxy_log)
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+        self._stop = asyncio.Event()
+        self._hurry = asyncio.Event()
+        self._stopping = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._watcher: ConfigWatcher | None = None
+
+    # ------------------------------------------------------------------ start
+
+    def configure_logging(self, config: Config) -> None:
+        configure_logging(
+            level=self.options.log_level or config.log_level,
+            to_stdout=config.log_to_stdout,
+            time_format=config.log_time_format,
+            proxy_log=self.proxy_log,
+        )
+
+    async def start(self) -> None:
+        """Listen and serve; raises ListenError (with the router already stopped) if it cannot listen."""
+        config = self.state.config
+        self.configure_logging(config)
+        for warning in config.warnings:
+            log.warning("config: %s", warning)
+        if self.options.watch_config:
+            # Read before serving: an edit from now on is a change, even one made during startup.
+            self._watcher = ConfigWatcher(self.options.config_path, self.options.watch_interval)
+        self.state.router.start()
+        app = create_app(self.state)
+        self.runner = web.AppRunner(
+            app, handle_signals=False, access_log=None, shutdown_timeout=self.options.shutdown_grace
+        )
+        try:
+            await self.runner.setup()  # runs the app's on_startup hooks (e.g. opening the task database)
+        except OSError as exc:
+            await self.state.router.shutdown(HURRY_GRACE)
+            raise StartError(f"starting the server failed: {exc}") from None
+        site = web.TCPSite(self.runner, self.options.host or None, self.options.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self.runner.cleanup()
+            await self.state.router.shutdown(HURRY_GRACE)
+            where = f"{self.options.host}:{self.options.port}"
+            raise ListenError(
+                f"cannot listen on {where}: {exc.strerror or exc}; "
+                f"is another server using it? choose another address with --listen HOST:PORT"
+            ) from None
+        self.url = _url(self.runner, self.options.host)
+        log.info("llmswap %s listening on %s (%d models, router %s)", __version__, self.url,
+                 len(config.models), self.state.router.name)
+        if config.preload:
+            self._spawn(preload(self.state, config.preload), "preload")
+        if self._watcher is not None:
+            self._spawn(self._watcher.watch(self.reload_soon), "config-watcher")
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ run
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self.request_stop, signum)
+        loop.add_signal_handler(signal.SIGHUP, self.reload_soon)
+
+    def request_stop(self, signum: int | None = None) -> None:
+        """First call: graceful stop. Second call: cut everything now."""
+        what = signal.Signals(signum).name if signum is not None else "stop requested"
+        if not self._stop.is_set():
+            log.info("%s: shutting down (responses in flight get %gs to finish)", what,
+                     self.options.shutdown_grace)
+            self._stop.set()
+        elif not self._hurry.is_set():
+            log.warning("%s again: cutting responses in flight and stopping every upstream now", what)
+            self._hurry.set()
+
+    def reload_soon(self) -> None:
+        """Reload the config file (SIGHUP, --watch-config); ignored once stopping."""
+        if self._stopping:
+            return
+        log.info("config reload: reading %s", self.options.config_path)
+        self.reload()
+
+    def reload(self) -> ReloadOutcome:
+        outcome = reload_from_file(self.state, self.options.config_path)
+        if outcome.applied:
+            self.configure_logging(self.state.config)
+            wanted = [m for m in self.state.config.preload if m in outcome.to_preload]
+            if wanted:
+                self._spawn(preload(self.state, wanted), "preload")
+        return outcome
+
+    async def run(self) -> int:
+        """Serve until asked to stop, then stop gracefully; the exit status."""
+        await self._stop.wait()
+        await self.stop()
+        return 0
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        router_grace = UPSTREAM_STOP_GRACE
+        if self.runner is not None:
+            # Stops accepting, closes idle connections, waits up to the grace for handlers, cancels the rest.
+            cleanup = asyncio.ensure_future(self.runner.cleanup())
+            hurry = asyncio.ensure_future(self._hurry.wait())
+            await asyncio.wait({cleanup, hurry}, return_when=asyncio.FIRST_COMPLETED)
+            if not cleanup.done():
+                router_grace = HURRY_GRACE
+                # Killing the upstreams ends their streams, which lets the handlers return at once.
+                await self._shutdown_router(router_grace)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(cleanup, HURRY_GRACE)
+            hurry.cancel()
+            if cleanup.done() and not cleanup.cancelled() and cleanup.exception() is not None:
+                log.error("shutdown: closing the HTTP server failed: %r", cleanup.exception())
+        await self._shutdown_router(HURRY_GRACE if self._hurry.is_set() else router_grace)
+        log.info("llmswap stopped")
+
+    async def _shutdown_router(self, grace: float) -> None:
+        router = self.state.router
+        if not router.closing:
+            await router.shutdown(grace)
+
+
+def _url(runner: web.AppRunner, host: str) -> str:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            bound_host = str(address[0])
+            shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+            return f"http://{shown}:{address[1]}"
+    return f"http://{host}"
+
+
+async def serve(options: ServeOptions, config: Config) -> int:
+    """Run a server with signal handling until it stops; the exit status. Raises StartError."""
+    server = Server(options, config)
+    server.install_signal_handlers()  # before starting: a signal during startup still stops cleanly
+    await server.start()
+    return await server.run()
+
+
+def run(options: ServeOptions, config: Config, *, event_loop: str = "asyncio") -> int:
+    """The blocking entry point the CLI calls. `event_loop`: "asyncio", "uvloop", or "auto" (uvloop when
+    installed). asyncio's own loop is the default: in bench/proxy_overhead.py uvloop made no difference
+    beyond the run-to-run noise, the request path being dominated by aiohttp's own work."""
+    if event_loop not in ("auto", "asyncio", "uvloop"):
+        raise ValueError(f"event_loop must be auto, asyncio or uvloop, got {event_loop!r}")
+    if event_loop != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if event_loop == "uvloop":
+                raise
+        else:
+            return int(uvloop.run(serve(options, config)))
+    return asyncio.run(serve(options, config))

@@ -1,0 +1,170 @@
+"""Where the proxy's log records go: `logLevel`, `logToStdout` and `logTimeFormat`, llama-swap's way.
+
+Lines look like llama-swap's: `[INFO] message`, preceded by a timestamp when `logTimeFormat` names one of
+Go's layouts (`rfc3339`, `kitchen`, ...). The `proxy` ring (served by /logs) always receives the proxy's
+records; stdout receives the proxy's records, the upstreams' output, both or neither (`logToStdout`).
+Upstream output reaches logging through the `llmswap.upstream` logger (one record per line, at DEBUG),
+which is kept apart from the proxy's records: it has a ring of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import TextIO
+
+from llmswap.process.logring import LogRing
+from llmswap.server.state import RingHandler
+
+PROXY_LOGGER = "llmswap"
+UPSTREAM_LOGGER = "llmswap.upstream"
+
+LEVELS: Mapping[str, int] = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+}
+_LEVEL_NAMES = {logging.DEBUG: "DEBUG", logging.INFO: "INFO", logging.WARNING: "WARN", logging.ERROR: "ERROR",
+                logging.CRITICAL: "ERROR"}
+
+
+def _offset(moment: datetime, colon: bool, zulu: bool) -> str:
+    offset = moment.utcoffset()
+    seconds = int(offset.total_seconds()) if offset is not None else 0
+    if zulu and seconds == 0:
+        return "Z"
+    sign = "-" if seconds < 0 else "+"
+    hours, minutes = divmod(abs(seconds) // 60, 60)
+    return f"{sign}{hours:02d}:{minutes:02d}" if colon else f"{sign}{hours:02d}{minutes:02d}"
+
+
+def _fraction(moment: datetime, digits: int, trim: bool) -> str:
+    # Python keeps microseconds; Go's nanosecond layouts get them zero-padded.
+    text = f"{moment.microsecond:06d}000"[:digits]
+    if trim:
+        text = text.rstrip("0")
+    return f".{text}" if text else ""
+
+
+def _day(moment: datetime) -> str:
+    return f"{moment.day:>2}"  # Go's `_2`: space-padded
+
+
+def _kitchen(moment: datetime) -> str:
+    hour = moment.hour % 12 or 12
+    return f"{hour}:{moment:%M}{'AM' if moment.hour < 12 else 'PM'}"
+
+
+def _zone(moment: datetime) -> str:
+    name = moment.strftime("%Z")
+    if not name or (name.startswith("UTC") and len(name) > 3):  # an unnamed offset: Go prints it numerically
+        return _offset(moment, colon=False, zulu=False)
+    return name
+
+
+# Go's named layouts (time.ANSIC ... time.StampNano), keyed by the lower-case names `logTimeFormat` accepts.
+TIME_LAYOUTS: Mapping[str, Callable[[datetime], str]] = {
+    "ansic": lambda t: f"{t:%a %b} {_day(t)} {t:%H:%M:%S %Y}",
+    "unixdate": lambda t: f"{t:%a %b} {_day(t)} {t:%H:%M:%S} {_zone(t)} {t:%Y}",
+    "rubydate": lambda t: f"{t:%a %b %d %H:%M:%S} {_offset(t, False, False)} {t:%Y}",
+    "rfc822": lambda t: f"{t:%d %b %y %H:%M} {_zone(t)}",
+    "rfc822z": lambda t: f"{t:%d %b %y %H:%M} {_offset(t, False, False)}",
+    "rfc850": lambda t: f"{t:%A, %d-%b-%y %H:%M:%S} {_zone(t)}",
+    "rfc1123": lambda t: f"{t:%a, %d %b %Y %H:%M:%S} {_zone(t)}",
+    "rfc1123z": lambda t: f"{t:%a, %d %b %Y %H:%M:%S} {_offset(t, False, False)}",
+    "rfc3339": lambda t: f"{t:%Y-%m-%dT%H:%M:%S}{_offset(t, True, True)}",
+    "rfc3339nano": lambda t: f"{t:%Y-%m-%dT%H:%M:%S}{_fraction(t, 9, True)}{_offset(t, True, True)}",
+    "kitchen": _kitchen,
+    "stamp": lambda t: f"{t:%b} {_day(t)} {t:%H:%M:%S}",
+    "stampmilli": lambda t: f"{t:%b} {_day(t)} {t:%H:%M:%S}{_fraction(t, 3, False)}",
+    "stampmicro": lambda t: f"{t:%b} {_day(t)} {t:%H:%M:%S}{_fraction(t, 6, False)}",
+    "stampnano": lambda t: f"{t:%b} {_day(t)} {t:%H:%M:%S}{_fraction(t, 9, False)}",
+}
+
+
+def format_timestamp(layout: str, moment: datetime) -> str:
+    """`moment` in the Go layout `layout` names (case-insensitive); "" for no timestamp."""
+    if not layout:
+        return ""
+    render = TIME_LAYOUTS.get(layout.lower())
+    if render is None:
+        raise ValueError(f"logTimeFormat: unknown layout {layout!r} (valid: {', '.join(TIME_LAYOUTS)})")
+    return render(moment)
+
+
+def level_number(name: str) -> int:
+    try:
+        return LEVELS[name.lower()]
+    except KeyError:
+        raise ValueError(f"log level {name!r} is not one of {', '.join(LEVELS)}") from None
+
+
+class ProxyFormatter(logging.Formatter):
+    """`<time> [LEVEL] message`, as llama-swap prints its own lines."""
+
+    def __init__(self, time_format: str = "") -> None:
+        super().__init__()
+        self.time_format = time_format
+        format_timestamp(time_format, datetime.now())  # an unknown layout fails here, not on every record
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"[{_LEVEL_NAMES.get(record.levelno, record.levelname)}] {record.getMessage()}"
+        if self.time_format:
+            stamp = format_timestamp(self.time_format, datetime.fromtimestamp(record.created).astimezone())
+            line = f"{stamp} {line}"
+        if record.exc_info:
+            line = f"{line}\n{self.formatException(record.exc_info)}"
+        return line
+
+
+class _Installed(logging.Handler):
+    """Marks the handlers this module installed, so configuring again (a reload) replaces them."""
+
+
+class _Stream(logging.StreamHandler, _Installed):  # type: ignore[type-arg]
+    pass
+
+
+class _Ring(RingHandler, _Installed):
+    pass
+
+
+def configure_logging(
+    *,
+    level: str,
+    to_stdout: str,
+    time_format: str,
+    proxy_log: LogRing,
+    stream: TextIO | None = None,
+) -> None:
+    """(Re)direct the proxy's and the upstreams' log records; safe to call again after a reload."""
+    out = stream if stream is not None else sys.stdout
+    proxy = logging.getLogger(PROXY_LOGGER)
+    upstream = logging.getLogger(UPSTREAM_LOGGER)
+    for logger in (proxy, upstream):
+        for handler in [h for h in logger.handlers if isinstance(h, _Installed)]:
+            logger.removeHandler(handler)
+    formatter = ProxyFormatter(time_format)
+
+    proxy.setLevel(level_number(level))
+    proxy.propagate = False  # the root logger's handlers (if any) would print every line twice
+    ring = _Ring(proxy_log)
+    ring.setFormatter(formatter)
+    proxy.addHandler(ring)
+    if to_stdout in ("proxy", "both"):
+        console = _Stream(out)
+        console.setFormatter(formatter)
+        proxy.addHandler(console)
+
+    # Upstream output is the upstream's own text: printed as is (prefixed by its model), or not at all.
+    upstream.propagate = False
+    if to_stdout in ("upstream", "both"):
+        upstream.setLevel(logging.DEBUG)
+        raw = _Stream(out)
+        raw.setFormatter(logging.Formatter("%(message)s"))
+        upstream.addHandler(raw)
+    else:
+        upstream.setLevel(logging.CRITICAL + 1)

@@ -1,0 +1,124 @@
+"""Log formatting and routing: Go time layouts, llama-swap's line shape, what reaches stdout and the ring."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from llmswap.process.logring import LogRing
+from llmswap.server.logsetup import (
+    PROXY_LOGGER,
+    TIME_LAYOUTS,
+    UPSTREAM_LOGGER,
+    ProxyFormatter,
+    configure_logging,
+    format_timestamp,
+)
+
+# Go's reference time, in a zone 7 hours west of UTC, with some microseconds.
+REFERENCE = datetime(2006, 1, 2, 15, 4, 5, 120000, tzinfo=timezone(timedelta(hours=-7)))
+
+
+@pytest.mark.parametrize(
+    ("layout", "expected"),
+    [
+        ("ansic", "Mon Jan  2 15:04:05 2006"),
+        ("unixdate", "Mon Jan  2 15:04:05 -0700 2006"),
+        ("rubydate", "Mon Jan 02 15:04:05 -0700 2006"),
+        ("rfc822", "02 Jan 06 15:04 -0700"),
+        ("rfc822z", "02 Jan 06 15:04 -0700"),
+        ("rfc850", "Monday, 02-Jan-06 15:04:05 -0700"),
+        ("rfc1123", "Mon, 02 Jan 2006 15:04:05 -0700"),
+        ("rfc1123z", "Mon, 02 Jan 2006 15:04:05 -0700"),
+        ("rfc3339", "2006-01-02T15:04:05-07:00"),
+        ("rfc3339nano", "2006-01-02T15:04:05.12-07:00"),
+        ("kitchen", "3:04PM"),
+        ("stamp", "Jan  2 15:04:05"),
+        ("stampmilli", "Jan  2 15:04:05.120"),
+        ("stampmicro", "Jan  2 15:04:05.120000"),
+        ("stampnano", "Jan  2 15:04:05.120000000"),
+    ],
+)
+def test_go_layouts(layout: str, expected: str) -> None:
+    assert format_timestamp(layout, REFERENCE) == expected
+
+
+def test_every_layout_the_config_accepts_is_known() -> None:
+    from llmswap.config.loader import LOG_TIME_FORMATS
+
+    assert {name for name in LOG_TIME_FORMATS if name} == set(TIME_LAYOUTS)
+
+
+def test_rfc3339_writes_utc_as_z() -> None:
+    assert format_timestamp("rfc3339", REFERENCE.astimezone(UTC)) == "2006-01-02T22:04:05Z"
+    assert format_timestamp("RFC3339", REFERENCE) == "2006-01-02T15:04:05-07:00"
+
+
+def test_no_layout_means_no_timestamp_and_an_unknown_one_is_refused() -> None:
+    assert format_timestamp("", REFERENCE) == ""
+    with pytest.raises(ValueError, match="logTimeFormat"):
+        format_timestamp("iso", REFERENCE)
+
+
+def test_lines_look_like_llama_swaps() -> None:
+    record = logging.LogRecord("llmswap.x", logging.WARNING, __file__, 1, "model %s gone", ("a",), None)
+    assert ProxyFormatter().format(record) == "[WARN] model a gone"
+    stamped = ProxyFormatter("kitchen").format(record)
+    assert stamped.endswith(" [WARN] model a gone")
+    assert stamped.split(" ")[0].endswith(("AM", "PM"))
+
+
+@pytest.fixture
+def restore_loggers() -> Iterator[None]:
+    saved = {}
+    for name in (PROXY_LOGGER, UPSTREAM_LOGGER):
+        logger = logging.getLogger(name)
+        saved[name] = (logger.level, logger.propagate, list(logger.handlers))
+    yield
+    for name, (level, propagate, handlers) in saved.items():
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        logger.propagate = propagate
+        logger.handlers[:] = handlers
+
+
+def emit_both() -> None:
+    logging.getLogger("llmswap.router").info("swap done")
+    logging.getLogger("llmswap.router").debug("detail")
+    logging.getLogger(UPSTREAM_LOGGER).debug("[a] upstream says hi")
+
+
+@pytest.mark.parametrize(
+    ("to_stdout", "proxy_shown", "upstream_shown"),
+    [("proxy", True, False), ("upstream", False, True), ("both", True, True), ("none", False, False)],
+)
+@pytest.mark.usefixtures("restore_loggers")
+def test_log_to_stdout_chooses_what_is_printed(
+    to_stdout: str, proxy_shown: bool, upstream_shown: bool
+) -> None:
+    out = io.StringIO()
+    ring = LogRing("proxy")
+    configure_logging(level="info", to_stdout=to_stdout, time_format="", proxy_log=ring, stream=out)
+    emit_both()
+    printed = out.getvalue()
+    assert ("[INFO] swap done" in printed) is proxy_shown
+    assert ("[a] upstream says hi" in printed) is upstream_shown
+    assert "detail" not in printed
+    # The proxy ring always has the proxy's records, never the upstream's output (it has its own ring).
+    assert ring.history() == ["[INFO] swap done"]
+
+
+@pytest.mark.usefixtures("restore_loggers")
+def test_configuring_again_replaces_the_handlers() -> None:
+    first, second = io.StringIO(), io.StringIO()
+    ring = LogRing("proxy")
+    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=first)
+    configure_logging(level="debug", to_stdout="proxy", time_format="", proxy_log=ring, stream=second)
+    emit_both()
+    assert first.getvalue() == ""
+    assert second.getvalue().splitlines() == ["[INFO] swap done", "[DEBUG] detail"]
+    assert ring.history() == ["[INFO] swap done", "[DEBUG] detail"]
