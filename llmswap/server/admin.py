@@ -150,6 +150,13 @@ def _plain(value: Any) -> Any:
 async def list_models(request: web.Request) -> web.Response:
     server = state(request)
     records = model_records(server.config, server.router.running_models(), int(time.time()))
+    for record in records:
+        # Router-specific facts (the vram router's footprint) ride along under llmswap's own key.
+        meta = record.get("meta", {}).get("llamaswap", {})
+        if meta.get("type") in ("model", "alias"):
+            extras = server.router.model_extras(meta.get("modelID", record["id"]))
+            if extras:
+                record["meta"]["llmswap"] = extras
     response = web.json_response({"object": "list", "data": records})
     origin = request.headers.get("Origin")
     if origin:
@@ -198,7 +205,10 @@ def _number(value: float) -> int | float:
 
 async def running(request: web.Request) -> web.Response:
     router = state(request).router
-    return web.json_response({"running": running_entries(router.processes, router.snapshot())})
+    entries = running_entries(router.processes, router.snapshot())
+    for entry in entries:
+        entry.update(router.model_extras(entry["model"]))
+    return web.json_response({"running": entries, **router.router_extras()})
 
 
 # ------------------------------------------------------------------------------------------ unloading
