@@ -13,7 +13,7 @@ from llmswap.tasks.service import TaskService
 
 
 def create_app(server_state: ServerState) -> web.Application:
-    from llmswap.server import admin, auth, inference, logs, middleware, upstream
+    from llmswap.server import admin, auth, events, inference, logs, metrics, middleware, ui, upstream
 
     app = web.Application(
         client_max_size=server_state.config.max_request_body,
@@ -27,6 +27,9 @@ def create_app(server_state: ServerState) -> web.Application:
     logs.setup(app)
     upstream.setup(app)
     task_http.setup(app)
+    metrics.setup(app)
+    events.setup(app)
+    ui.setup(app)
     if server_state.config.tasks is not None:
         app.on_startup.append(_start_tasks)
         app.on_cleanup.append(_stop_tasks)

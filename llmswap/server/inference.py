@@ -9,6 +9,7 @@ whole request runs under `proxy.while_connected`: a client that hangs up while q
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlencode
@@ -210,6 +211,7 @@ async def _serve_local(
             feedback.start()
 
     key = request_api_key(request)
+    asked = time.monotonic()
     try:
         async with router.acquire(
             model.id,
@@ -218,6 +220,7 @@ async def _serve_local(
             on_admitted=on_admitted,
             on_position=on_position,
         ) as process:
+            middleware.note_wait(request, time.monotonic() - asked)
             loading_response = await feedback.finish() if feedback is not None else None
             upstream = process.config
             return await forward(

@@ -35,9 +35,17 @@ _HEADER_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 @dataclass
 class AccessRecord:
-    """What a route tells the access log about its request."""
+    """What a route tells the access log (and the request observers, e.g. metrics) about its request."""
 
     model: str = ""
+    started: float = 0.0  # time.monotonic() when the request arrived
+    waited: float | None = None  # seconds from asking the router for the model to being granted it
+    first_byte: float | None = None  # seconds from arrival to the first byte of the upstream's answer sent
+
+
+# Told about every request once it is answered: (request, record, status, seconds). Must not block.
+RequestObserver = Callable[[web.Request, AccessRecord, int, float], None]
+REQUEST_OBSERVERS: web.AppKey[list[RequestObserver]] = web.AppKey("llmswap_request_observers", list)
 
 
 # The record is a mutable object, so a cloned request (auth clones to drop credentials) shares it with
@@ -52,6 +60,20 @@ def note_model(request: web.Request, model: str) -> None:
         record.model = model
 
 
+def note_wait(request: web.Request, seconds: float) -> None:
+    """Record how long the request waited for the router to grant its model."""
+    record = request.get(ACCESS)
+    if isinstance(record, AccessRecord):
+        record.waited = seconds
+
+
+def note_first_byte(request: web.BaseRequest) -> None:
+    """Record that the first byte of the upstream's answer went out now (only the first call counts)."""
+    record = request.get(ACCESS)
+    if isinstance(record, AccessRecord) and record.first_byte is None:
+        record.first_byte = time.monotonic() - record.started
+
+
 def access_line(remote: str | None, method: str, path: str, status: int, seconds: float, model: str) -> str:
     """One access-log line. The path only: query strings and headers may carry secrets."""
     outcome = "client gone" if status == CLIENT_GONE else str(status)
@@ -61,9 +83,9 @@ def access_line(remote: str | None, method: str, path: str, status: int, seconds
 
 @web.middleware
 async def access_log(request: web.Request, handler: Handler) -> web.StreamResponse:
-    record = AccessRecord()
-    request[ACCESS] = record
     started = time.monotonic()
+    record = AccessRecord(started=started)
+    request[ACCESS] = record
     status = CLIENT_GONE  # what remains if the handler is cancelled: the client left
     try:
         response = await handler(request)
@@ -76,11 +98,15 @@ async def access_log(request: web.Request, handler: Handler) -> web.StreamRespon
         status = 500
         raise
     finally:
+        elapsed = time.monotonic() - started
         access_logger.info(
-            "%s",
-            access_line(request.remote, request.method, request.path, status, time.monotonic() - started,
-                        record.model),
+            "%s", access_line(request.remote, request.method, request.path, status, elapsed, record.model)
         )
+        for observe in request.app.get(REQUEST_OBSERVERS, ()):
+            try:
+                observe(request, record, status, elapsed)
+            except Exception:
+                log.exception("request observer failed for %s %s", request.method, request.path)
 
 
 @web.middleware
@@ -187,5 +213,7 @@ async def _allow_any_origin(request: web.BaseRequest, response: web.StreamRespon
 
 
 def setup(app: web.Application) -> None:
-    """Install the response hook that gives every response, streamed ones too, its CORS origin header."""
+    """Install the response hook that gives every response, streamed ones too, its CORS origin header;
+    start the (empty) list of request observers."""
     app.on_response_prepare.append(_allow_any_origin)
+    app[REQUEST_OBSERVERS] = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,22 @@ class ServerState:
     started_at: float = field(default_factory=time.time)
     # Filled by the modules that own them (upstream pool, metrics, event bus...), keyed by module name.
     extras: dict[str, Any] = field(default_factory=dict)
+    # Called with every router put in place after the first (a config reload): see `watch_router`.
+    router_listeners: list[Callable[[BaseRouter], None]] = field(default_factory=list, repr=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        previous = self.__dict__.get(name)
+        super().__setattr__(name, value)
+        if name == "router" and value is not previous:
+            # Synchronous, so a listener sees the new router before it can handle any request.
+            for listener in tuple(self.__dict__.get("router_listeners", ())):
+                listener(value)
+
+    def watch_router(self, listener: Callable[[BaseRouter], None]) -> None:
+        """Call `listener(router)` now with the current router and again with each one a reload installs
+        (e.g. to add a router observer: observers belong to one router, and a reload brings a new one)."""
+        self.router_listeners.append(listener)
+        listener(self.router)
 
     @property
     def upstream_log(self) -> LogRing:
