@@ -44,7 +44,6 @@ from llmswap.config.model import EMPTY, AdmissionConfig, BatchSettings
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.batch_plan import Contender, by_choice, by_deadline, can_go_first, latest_starts
 from llmswap.scheduler.core import QueueScheduler
-from llmswap.scheduler.errors import ModelNotFound, SchedulerError
 from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.idle import ClientGaps
 from llmswap.scheduler.types import Clock, Effects, HandlerRequest, Swapper
@@ -133,24 +132,10 @@ class BatchScheduler(QueueScheduler):
 
     def _place(self, req: HandlerRequest) -> bool:
         """Serve, join, start a swap for, or fail `req`. False: it waits, and its model contends."""
-        state = self._effects.model_state(req.model)
-        if state is None:
-            self._fail(req, ModelNotFound(req.model))
-            return True
-        swap = self._active.get(req.model)
-        if swap is not None:
-            if swap.detached is not None:
-                return False  # its abandoned swap is still winding down
-            self._join(req, swap)
-            return True
-        if self._stopping.get(req.model):
-            return False
-        running = self._running_set(exclude=req.model)
-        try:
-            evict = tuple(self._swapper.evictions_for(req.model, running))
-        except SchedulerError as err:
-            self._fail(req, err)
-            return True
+        prepared = self._prepare(req)
+        if isinstance(prepared, bool):
+            return prepared
+        state, running, evict = prepared.state, prepared.running, prepared.evict
         if evict or self._collides(req.model, evict):
             return False
         if state is ProcessState.READY:

@@ -61,6 +61,15 @@ from llmswap.scheduler.types import (
 )
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A request past the checks every placement starts with: what the scheduler decides on."""
+
+    state: ProcessState
+    running: list[str]  # the running set the swapper saw
+    evict: tuple[str, ...]
+
+
 @dataclass
 class ActiveSwap:
     model: str
@@ -309,6 +318,32 @@ class QueueScheduler:
         self._swapper.on_swap_start(req.model, running)
         self._log.info("swap: start %s evict [%s] rule=%s (%s)", req.model, ", ".join(evict), rule, detail)
         self._effects.start_swap(SwapPlan(req.model, evict, rule, request_seq=req.seq, detail=detail))
+
+    def _prepare(self, req: HandlerRequest) -> bool | Candidate:
+        """The checks every placement starts with, the same for every scheduler.
+
+        True: handled (failed, or joined the swap in progress); False: it must wait (its abandoned swap is
+        still winding down, or its model is being unloaded); otherwise the state and evictions to decide on.
+        """
+        state = self._effects.model_state(req.model)
+        if state is None:
+            self._fail(req, ModelNotFound(req.model))
+            return True
+        swap = self._active.get(req.model)
+        if swap is not None:
+            if swap.detached is not None:
+                return False  # its abandoned swap is still winding down
+            self._join(req, swap)
+            return True
+        if self._stopping.get(req.model):
+            return False
+        running = self._running_set(exclude=req.model)
+        try:
+            evict = tuple(self._swapper.evictions_for(req.model, running))
+        except SchedulerError as err:
+            self._fail(req, err)
+            return True
+        return Candidate(state, running, evict)
 
     def _join(self, req: HandlerRequest, swap: ActiveSwap) -> None:
         swap.waiters.append(req)

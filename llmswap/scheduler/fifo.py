@@ -29,7 +29,6 @@ from collections.abc import Mapping
 from llmswap.config.model import EMPTY, AdmissionConfig
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.core import QueueScheduler
-from llmswap.scheduler.errors import ModelNotFound, SchedulerError
 from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.types import Clock, Effects, HandlerRequest, Swapper
 
@@ -77,24 +76,10 @@ class FifoScheduler(QueueScheduler):
 
     def _place(self, req: HandlerRequest, rule: str) -> bool:
         """Serve, join, start a swap for, or fail `req`. False: it must wait in the queue."""
-        state = self._effects.model_state(req.model)
-        if state is None:
-            self._fail(req, ModelNotFound(req.model))
-            return True
-        swap = self._active.get(req.model)
-        if swap is not None:
-            if swap.detached is not None:
-                return False  # its abandoned swap is still winding down
-            self._join(req, swap)
-            return True
-        if self._stopping.get(req.model):
-            return False
-        running = self._running_set(exclude=req.model)
-        try:
-            evict = tuple(self._swapper.evictions_for(req.model, running))
-        except SchedulerError as err:
-            self._fail(req, err)
-            return True
+        prepared = self._prepare(req)
+        if isinstance(prepared, bool):
+            return prepared
+        state, running, evict = prepared.state, prepared.running, prepared.evict
         collides = self._collides(req.model, evict)
         if state is ProcessState.READY and not evict and not collides:
             self._grant(req, req.model)

@@ -403,11 +403,7 @@ class EventFeed:
 
 def feed_of(server_state: ServerState) -> EventFeed:
     """The app's feed, created on first use (a test may put its own in `extras` first)."""
-    feed = server_state.extras.get(EVENTS_KEY)
-    if not isinstance(feed, EventFeed):
-        feed = EventFeed(server_state)
-        server_state.extras[EVENTS_KEY] = feed
-    return feed
+    return server_state.extra(EVENTS_KEY, EventFeed, lambda: EventFeed(server_state))
 
 
 # ---------------------------------------------------------------------------------------------- the route

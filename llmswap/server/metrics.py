@@ -297,11 +297,7 @@ def _memory(reader: MemoryReader | None) -> Iterator[Metric]:
 
 def metrics_of(server_state: ServerState) -> ServerMetrics:
     """The app's metrics, created on first use (a test may put its own in `extras` first)."""
-    metrics = server_state.extras.get(METRICS_KEY)
-    if not isinstance(metrics, ServerMetrics):
-        metrics = ServerMetrics(server_state)
-        server_state.extras[METRICS_KEY] = metrics
-    return metrics
+    return server_state.extra(METRICS_KEY, ServerMetrics, lambda: ServerMetrics(server_state))
 
 
 def setup(app: web.Application) -> None:

@@ -112,11 +112,7 @@ def _new_session(timeouts: Timeouts) -> aiohttp.ClientSession:
 def upstream_pool(app_or_state: web.Application | ServerState) -> UpstreamPool:
     """The server's pool, created on first use and kept in `state.extras["upstreams"]` (closed on cleanup)."""
     server_state = app_or_state[STATE] if isinstance(app_or_state, web.Application) else app_or_state
-    pool = server_state.extras.get(UPSTREAMS_KEY)
-    if not isinstance(pool, UpstreamPool):
-        pool = UpstreamPool()
-        server_state.extras[UPSTREAMS_KEY] = pool
-    return pool
+    return server_state.extra(UPSTREAMS_KEY, UpstreamPool, UpstreamPool)
 
 
 async def close_upstream_pool(app: web.Application) -> None:

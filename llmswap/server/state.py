@@ -10,13 +10,15 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from llmswap.config.model import ApiKey, Config
 from llmswap.process.logring import LogRing
 from llmswap.router.base import BaseRouter
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -47,6 +49,15 @@ class ServerState:
     @property
     def upstream_log(self) -> LogRing:
         return self.router.upstream_log
+
+    def extra(self, key: str, kind: type[_T], make: Callable[[], _T]) -> _T:
+        """The per-app object a module keeps in `extras` under `key`, made on first use (a test may
+        put its own there first)."""
+        value = self.extras.get(key)
+        if not isinstance(value, kind):
+            value = make()
+            self.extras[key] = value
+        return value
 
     def model_log(self, model: str) -> LogRing | None:
         process = self.router.processes.get(model)

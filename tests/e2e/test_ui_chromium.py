@@ -37,9 +37,12 @@ from tests.integration.server.conftest import Served, serving
 
 CHROMIUM = next((found for name in ("chromium", "chromium-browser", "google-chrome")
                  if (found := shutil.which(name)) is not None), None)
+# Skipped where there is no Chromium, except in CI (LLMSWAP_REQUIRE_E2E=1), which must not pass by skipping.
+_REQUIRED = os.environ.get("LLMSWAP_REQUIRE_E2E") == "1"
 pytestmark = [
     pytest.mark.chromium,
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (Debian: apt-get install chromium)"),
+    pytest.mark.skipif(CHROMIUM is None and not _REQUIRED,
+                       reason="no chromium binary (Debian: apt-get install chromium)"),
 ]
 
 KEY = "sk-ui-0123456789"
@@ -100,7 +103,7 @@ class DevTools:
 @contextlib.asynccontextmanager
 async def chromium(folder: Path, http: aiohttp.ClientSession) -> AsyncIterator[DevTools]:
     """A headless Chromium on a free DevTools port, killed with its whole process group afterwards."""
-    assert CHROMIUM is not None
+    assert CHROMIUM is not None, "LLMSWAP_REQUIRE_E2E=1 but no chromium binary (apt-get install chromium)"
     profile = folder / "profile"
     profile.mkdir()
     log = (folder / "chromium.log").open("wb")
