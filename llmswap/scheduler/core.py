@@ -20,6 +20,7 @@ Invariants the books keep:
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -84,7 +85,7 @@ class ActiveSwap:
         return self.model in evict or target in self.evict or not set(self.evict).isdisjoint(evict)
 
 
-class QueueScheduler:
+class QueueScheduler(ABC):
     """Implements `Scheduler` except for placement. Every method runs on the router's run loop."""
 
     def __init__(
@@ -124,13 +125,13 @@ class QueueScheduler:
 
     # ----------------------------------------------------------------------------- policy hooks
 
+    @abstractmethod
     def _accept(self, req: HandlerRequest) -> None:
         """Place a newly admitted request: serve it, join it to a swap, start one, or queue it."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _drain(self) -> None:
         """Re-read the queue: something that blocked it may have changed."""
-        raise NotImplementedError
 
     def _holds(self, model: str) -> bool:
         """Whether a ready `model` must not take new requests right now (it is making room)."""
@@ -142,12 +143,15 @@ class QueueScheduler:
 
     def _arrived(self, req: HandlerRequest) -> None:
         """A request for a known model arrived (before any limit is checked)."""
+        return None  # optional hook: only the batch scheduler learns from it
 
     def _loaded(self, model: str, duration: float) -> None:
         """A swap to `model` succeeded."""
+        return None  # optional hook: only the batch scheduler learns from it
 
     def _finished(self, model: str) -> None:
         """A granted request of `model` finished."""
+        return None  # optional hook: only the batch scheduler learns from it
 
     # ----------------------------------------------------------------------------- events
 

@@ -56,6 +56,10 @@ class LlmswapProcess(DemoProcess):
 
     def upstreams(self) -> dict[str, int]:
         """Model name → PID of every live demo upstream this llmswap started."""
+        return self.children_running("llmswap.demo", "--model-name")
+
+    def children_running(self, module: str, name_flag: str) -> dict[str, int]:
+        """Name → PID of every live descendant started as `python -m <module> ... <name_flag> <name>`."""
         found: dict[str, int] = {}
         with contextlib.suppress(psutil.NoSuchProcess):
             for child in psutil.Process(self.pid).children(recursive=True):
@@ -63,8 +67,8 @@ class LlmswapProcess(DemoProcess):
                     if child.status() == psutil.STATUS_ZOMBIE:
                         continue
                     argv = child.cmdline()
-                    if "llmswap.demo" in argv and "--model-name" in argv:
-                        found[argv[argv.index("--model-name") + 1]] = child.pid
+                    if module in argv and name_flag in argv:
+                        found[argv[argv.index(name_flag) + 1]] = child.pid
         return found
 
     async def kill(self) -> None:

@@ -9,7 +9,6 @@ LLMSWAP_REQUIRE_E2E=1 (CI sets it): then a missing install fails them, so CI can
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import random
@@ -18,7 +17,6 @@ import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import psutil
 import pytest
 import pytest_asyncio
 
@@ -103,13 +101,4 @@ async def llamacpp_llmswap(gguf_models: dict[str, Path],
 
 def llamacpp_upstreams(server: LlmswapProcess) -> dict[str, int]:
     """Model alias → PID of every live llama_cpp.server that this llmswap started."""
-    found: dict[str, int] = {}
-    with contextlib.suppress(psutil.NoSuchProcess):
-        for child in psutil.Process(server.pid).children(recursive=True):
-            with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
-                if child.status() == psutil.STATUS_ZOMBIE:
-                    continue
-                argv = child.cmdline()
-                if "llama_cpp.server" in argv and "--model_alias" in argv:
-                    found[argv[argv.index("--model_alias") + 1]] = child.pid
-    return found
+    return server.children_running("llama_cpp.server", "--model_alias")
