@@ -59,6 +59,8 @@ _MAX_ROUNDS = 4  # serve/plan rounds per drain; each round that changes nothing 
 class BatchScheduler(QueueScheduler):
     """Implements `Scheduler` with swap-aware batching. Every method runs on the router's run loop."""
 
+    kind = "batch"
+
     def __init__(
         self,
         name: str,
@@ -76,7 +78,7 @@ class BatchScheduler(QueueScheduler):
         self.settings = settings or BatchSettings()
         super().__init__(
             name, swapper, effects, limits=limits, priority=self.settings.priority, clock=clock,
-            logger=logger or logging.getLogger(f"llmswap.scheduler.batch.{name}"),
+            logger=logger,
             admission=admission, key_limits=key_limits, times=times,
         )
         self.gaps = ClientGaps()

@@ -88,6 +88,8 @@ class ActiveSwap:
 class QueueScheduler(ABC):
     """Implements `Scheduler` except for placement. Every method runs on the router's run loop."""
 
+    kind = "queue"  # names the default logger: llmswap.scheduler.<kind>.<router name>
+
     def __init__(
         self,
         name: str,
@@ -97,7 +99,7 @@ class QueueScheduler(ABC):
         limits: Mapping[str, int] = EMPTY,
         priority: Mapping[str, int] = EMPTY,
         clock: Clock,
-        logger: logging.Logger,
+        logger: logging.Logger | None = None,
         admission: AdmissionConfig | None = None,
         key_limits: Mapping[str, int] = EMPTY,
         times: ServiceTimes | None = None,
@@ -108,7 +110,7 @@ class QueueScheduler(ABC):
         self._limits = limits
         self._priority = priority
         self._clock = clock
-        self._log = logger
+        self._log = logger or logging.getLogger(f"llmswap.scheduler.{self.kind}.{name}")
         self._admission = Admission(admission, key_limits)
         self.times = times or ServiceTimes()
         self.stats = SchedulerStats()

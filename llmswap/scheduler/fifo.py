@@ -23,14 +23,10 @@ Where our asyncio contracts differ from llama-swap's Go (on purpose):
 from __future__ import annotations
 
 import bisect
-import logging
-from collections.abc import Mapping
 
-from llmswap.config.model import EMPTY, AdmissionConfig
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.core import QueueScheduler
-from llmswap.scheduler.estimates import ServiceTimes
-from llmswap.scheduler.types import Clock, Effects, HandlerRequest, Swapper
+from llmswap.scheduler.types import HandlerRequest
 
 RULE_REQUEST = "fifo.request"  # a swap started by the request that just arrived
 RULE_DRAIN = "fifo.drain"  # a swap started by a queued request once it was unblocked
@@ -39,25 +35,7 @@ RULE_DRAIN = "fifo.drain"  # a swap started by a queued request once it was unbl
 class FifoScheduler(QueueScheduler):
     """Implements `Scheduler`. Every method runs on the router's run loop; none blocks or awaits."""
 
-    def __init__(
-        self,
-        name: str,
-        swapper: Swapper,
-        effects: Effects,
-        *,
-        limits: Mapping[str, int] = EMPTY,
-        priority: Mapping[str, int] = EMPTY,
-        clock: Clock,
-        logger: logging.Logger | None = None,
-        admission: AdmissionConfig | None = None,
-        key_limits: Mapping[str, int] = EMPTY,
-        times: ServiceTimes | None = None,
-    ) -> None:
-        super().__init__(
-            name, swapper, effects, limits=limits, priority=priority, clock=clock,
-            logger=logger or logging.getLogger(f"llmswap.scheduler.fifo.{name}"),
-            admission=admission, key_limits=key_limits, times=times,
-        )
+    kind = "fifo"
 
     def _accept(self, req: HandlerRequest) -> None:
         if not self._place(req, RULE_REQUEST):
