@@ -58,6 +58,7 @@ class DevTools:
         self.socket = socket
         self._ids = itertools.count(1)
         self._answers: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._events: dict[str, list[asyncio.Future[dict[str, Any]]]] = {}
         self._reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
@@ -65,12 +66,17 @@ class DevTools:
             if message.type is not aiohttp.WSMsgType.TEXT:
                 break
             data = json.loads(message.data)
-            answer = self._answers.pop(data.get("id", -1), None)
-            if answer is not None and not answer.done():
-                answer.set_result(data)
-        for answer in self._answers.values():
-            if not answer.done():
-                answer.set_exception(ConnectionError("the DevTools connection closed"))
+            if "id" in data:
+                waiters = [self._answers.pop(data["id"])] if data["id"] in self._answers else []
+            else:  # an event, e.g. Page.loadEventFired
+                waiters = self._events.pop(data.get("method", ""), [])
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(data)
+        pending = [*self._answers.values(), *itertools.chain.from_iterable(self._events.values())]
+        for waiter in pending:
+            if not waiter.done():
+                waiter.set_exception(ConnectionError("the DevTools connection closed"))
 
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
         call_id = next(self._ids)
@@ -82,6 +88,18 @@ class DevTools:
         if "error" in data:
             raise AssertionError(f"{method} failed: {data['error']}")
         return dict(data.get("result", {}))
+
+    async def navigate(self, url: str) -> None:
+        """Open ``url`` and return once its load event fired.
+
+        Page.navigate answers as soon as the navigation is committed, before the new document has a body,
+        so evaluating right after it can still see a half-parsed page.
+        """
+        loaded = asyncio.get_running_loop().create_future()
+        self._events.setdefault("Page.loadEventFired", []).append(loaded)
+        await self.call("Page.navigate", url=url)
+        async with asyncio.timeout(WITHIN):
+            await loaded
 
     async def evaluate(self, expression: str) -> Any:
         result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
@@ -212,7 +230,7 @@ async def test_the_status_page_shows_a_model_going_from_stopped_to_ready(tmp_pat
             await page.call("Page.enable")
             await page.call("Emulation.setDeviceMetricsOverride", width=WIDTH, height=HEIGHT,
                             deviceScaleFactor=1, mobile=False)
-            await page.call("Page.navigate", url=served.at(f"/ui#key={KEY}"))
+            await page.navigate(served.at(f"/ui#key={KEY}"))
             await page.wait_for("document.body.dataset.connection === 'live'", what="the page to connect")
             await page.wait_for(f"{model_state('chat')} === 'stopped'", what="chat shown stopped")
             assert await page.evaluate("location.hash") == ""  # the key does not stay in the address bar
