@@ -1,10 +1,10 @@
-"""The demo's aiohttp application: /health, /props, the API routes, and what every response carries
+"""The demo's aiohttp application: /health, /props, /ws, the API routes, and what every response carries
 (the X-Demo-Model header, --echo, JSON errors, --log-requests)."""
 
 import os
 import time
 
-from aiohttp import web
+from aiohttp import WSMsgType, web
 from aiohttp.typedefs import Handler
 
 from llmswap.demo import anthropic_api, openai_api
@@ -81,13 +81,37 @@ def build_app(demo: Demo) -> web.Application:
                     "requests": state.requests,
                     "generations_in_progress": state.generations_in_progress,
                     "tokens_generated": state.tokens_generated,
+                    "socket_close_codes": state.socket_close_codes,
                 },
             },
         )
 
+    async def socket(request: web.Request) -> web.StreamResponse:
+        """A websocket, for proxy tests: a hello naming the model, then text echoed with the model's name
+        in front and binary echoed reversed; `close <code>` makes the demo close with that code."""
+        got = await received(request)
+        ws = web.WebSocketResponse(protocols=("demo.v1",))
+        await ws.prepare(request)
+        await ws.send_json({
+            "event": "hello", "model": demo.name, "query": got.query, "protocol": ws.ws_protocol,
+            "headers": {name: value for name, value in got.headers.items() if name.lower().startswith("x-")},
+        })
+        async for message in ws:
+            if message.type is WSMsgType.TEXT:
+                command, _, argument = message.data.partition(" ")
+                if command == "close" and argument.isdigit():
+                    await ws.close(code=int(argument))
+                    return ws
+                await ws.send_str(f"{demo.name}: {message.data}")
+            elif message.type is WSMsgType.BINARY:
+                await ws.send_bytes(message.data[::-1])
+        if ws.close_code is not None:
+            demo.state.socket_close_codes.append(ws.close_code)
+        return ws
+
     app = web.Application(middlewares=[serve], client_max_size=MAX_BODY_SIZE)
     app.on_response_prepare.append(identify)
-    app.add_routes([web.get("/health", health), web.get("/props", props)])
+    app.add_routes([web.get("/health", health), web.get("/props", props), web.get("/ws", socket)])
     app.add_routes(openai_api.routes(demo))
     app.add_routes(anthropic_api.routes(demo))
     return app

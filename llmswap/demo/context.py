@@ -1,6 +1,7 @@
 """The demo server's shared object: its options, live counters, and how it writes and paces answers."""
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections.abc import AsyncGenerator, Mapping
@@ -26,6 +27,8 @@ class DemoState:
     requests: int = 0
     generations_in_progress: int = 0
     tokens_generated: int = 0
+    # The close code of each /ws client that closed its socket.
+    socket_close_codes: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,12 @@ The model is the longest leading run of path segments that names a model id, an 
 untouched: no filters, no `useModelName`. A local model is reached through the router like any request, so
 it is started (and others swapped out) when needed, except for paths matching `upstream.ignorePaths` (a
 browser fetching a page's assets must not trigger a swap): those get 409 while the model is not ready.
+
+A websocket upgrade is relayed too (`websocket.py`). Like llama-swap, llmswap counts an open socket as a
+request in flight: it may start the model, and holds it loaded (no eviction, no ttl) until it closes. A
+model with `compat.ignoreWebsockets` (ComfyUI, whose page keeps a progress socket open for as long as the
+tab is) does not count its sockets: they cannot start it (409 while it is not ready), do not keep it loaded,
+and are closed when it stops.
 """
 
 from __future__ import annotations
@@ -20,11 +26,11 @@ from aiohttp import web
 from llmswap.config.model import Config
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.errors import SchedulerError
-from llmswap.server import proxy
+from llmswap.server import proxy, websocket
 from llmswap.server.errors import error_response, scheduler_error_response
 from llmswap.server.inference import BodyTooLarge, read_body, request_priority
 from llmswap.server.middleware import CLIENT_GONE, note_model, too_large_message
-from llmswap.server.peers import forward_to_peer, resolve_peer
+from llmswap.server.peers import forward_to_peer, peer_headers, resolve_peer
 from llmswap.server.resolve import MalformedRequest
 from llmswap.server.state import request_api_key, state
 
@@ -34,6 +40,7 @@ PREFIX = "/upstream/"
 def setup(app: web.Application) -> None:
     app.router.add_get("/upstream", models_page)
     app.router.add_route("*", "/upstream/{tail:.*}", to_upstream)
+    app.on_shutdown.append(websocket.close_open_sockets)
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,8 @@ async def to_upstream(request: web.Request) -> web.StreamResponse:
         refusal = _refuse_while_down(request, target.model, target.path)
         if refusal is not None:
             return refusal
+    if websocket.is_upgrade(request):
+        return await _socket(request, target)
     limit = server.config.max_request_body
     try:
         # The whole body, size-checked against the live limit before anything queues: an oversized
@@ -125,6 +134,51 @@ def _refuse_while_down(request: web.Request, model_id: str, path: str) -> web.Re
             request, 409, f"model {model_id} is not loaded; path matches upstream.ignorePaths",
         )
     return None
+
+
+async def _socket(request: web.Request, target: UpstreamTarget) -> web.StreamResponse:
+    server = state(request)
+    pool = proxy.upstream_pool(server)
+    if target.peer is not None:
+        note_model(request, f"{target.peer}/{target.model}")
+        peer = server.config.peers[target.peer]
+        extra, drop = peer_headers(peer, request.headers, llmswap_has_keys=bool(server.config.api_keys))
+        url = proxy.upstream_url(peer.proxy, target.path, request.rel_url.raw_query_string)
+        session = pool.session(f"peer:{peer.id}", peer.timeouts)
+        return await websocket.relay(
+            request, url, session, extra_headers=extra, drop_headers=drop, error_prefix="peer proxy error",
+        )
+    note_model(request, target.model)
+    config = server.config.models[target.model]
+    url = proxy.upstream_url(config.proxy, target.path, request.rel_url.raw_query_string)
+    if config.ignore_websockets:
+        # Not the router's business: the socket neither starts the model nor counts as in flight.
+        process = server.router.processes.get(target.model)
+        if process is None or process.state is not ProcessState.READY:
+            return error_response(
+                request, 409,
+                f"model {target.model} is not loaded; ignored websocket requests cannot start it",
+            )
+        return await websocket.relay(request, url, pool.session(target.model, config.timeouts))
+    try:
+        priority = request_priority(request)
+    except MalformedRequest as exc:
+        return error_response(request, 400, exc.message)
+    key = request_api_key(request)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            waiting = stack.enter_async_context(server.router.acquire(
+                target.model, priority=priority, api_key=key.key if key is not None else None,
+            ))
+            granted = await proxy.while_connected(request, waiting, on_gone=lambda: None)
+            if granted is None:
+                return web.Response(status=CLIENT_GONE)
+            # The grant's config, not the one read above: a reload may have changed the model meanwhile.
+            url = proxy.upstream_url(granted.config.proxy, target.path, request.rel_url.raw_query_string)
+            session = pool.session(target.model, granted.config.timeouts)
+            return await websocket.relay(request, url, session)
+    except SchedulerError as err:
+        return scheduler_error_response(request, err)
 
 
 async def _to_model(

@@ -55,6 +55,24 @@ async def test_sigterm_lets_a_streaming_response_finish(tmp_path: Path) -> None:
         assert not alive(upstream)
 
 
+async def test_sigterm_closes_open_websockets_as_going_away(tmp_path: Path) -> None:
+    # A socket has no end of its own: the server closes it with 1001 rather than waiting out the grace
+    # period and then cutting the connection.
+    config = write_config(tmp_path / "config.yaml", {"m": demo_model("m")})
+    async with (
+        running_llmswap(config) as server,
+        aiohttp.ClientSession() as http,
+        http.ws_connect(f"{server.url}/upstream/m/ws") as socket,
+    ):
+        assert (await socket.receive_json(timeout=WITHIN))["model"] == "m"
+        upstream = server.upstreams()["m"]
+        server.send_signal(signal.SIGTERM)
+        message = await socket.receive(timeout=WITHIN)
+        assert message.type is aiohttp.WSMsgType.CLOSE and message.data == 1001
+        assert await server.wait_exit(WITHIN) == 0
+        assert not alive(upstream)
+
+
 async def test_new_connections_are_refused_once_stopping(tmp_path: Path) -> None:
     config = write_config(tmp_path / "config.yaml", {"slow": demo_model("slow", "--tokens-per-second", "20")})
     async with running_llmswap(config) as server, aiohttp.ClientSession() as http:
