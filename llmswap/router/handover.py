@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from llmswap.config.model import Config, ModelConfig
 from llmswap.process import Process
 from llmswap.process.state import ProcessState
+from llmswap.scheduler.estimates import ServiceTimes
 
 if TYPE_CHECKING:
     from llmswap.router.base import BaseRouter, ProcessFactory, ProcessLike
@@ -85,6 +86,7 @@ def successor_router(
 
     new = build(config, process_factory=make)
     new.upstream_log = ring  # one combined upstream log across reloads: its tail stays continuous
+    _carry_estimates(old, new, adopted)
     for observer in old.observers:
         new.add_observer(observer)
     handover = Handover(old, new, adopted)
@@ -95,6 +97,15 @@ def successor_router(
     log.info("reload: %d model(s) kept running as they were %s, %d replaced or removed %s",
              len(kept), kept, len(dropped), dropped)
     return new
+
+
+def _carry_estimates(old: BaseRouter, new: BaseRouter, adopted: frozenset[str]) -> None:
+    """What the old scheduler learned about the kept models' service and load times (Retry-After, batch
+    planning) stays true of the same processes, so the new scheduler starts from it, not from defaults."""
+    old_times = getattr(old.scheduler, "times", None)
+    new_times = getattr(new.scheduler, "times", None)
+    if isinstance(old_times, ServiceTimes) and isinstance(new_times, ServiceTimes):
+        new_times.adopt(old_times, adopted)
 
 
 class Handover:

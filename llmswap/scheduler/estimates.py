@@ -11,7 +11,9 @@ observation at all the defaults stand in: a 1 s service time reproduces llama-sw
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 DEFAULT_SERVICE_TIME = 1.0  # seconds per request before any ServeDone of that model was seen
@@ -70,6 +72,14 @@ class ServiceTimes:
     def load(self, model: str) -> float:
         """The expected seconds a swap to `model` takes (its evictions included)."""
         return _lookup(self._load, model, self._default_load).mean
+
+    def adopt(self, other: ServiceTimes, models: Iterable[str]) -> None:
+        """Take `other`'s estimates for `models` (a reload's unchanged models: same server, same times)."""
+        for model in models:
+            for mine, theirs in ((self._service, other._service), (self._load, other._load)):
+                entry = theirs.get(model)
+                if entry is not None:
+                    mine[model] = dataclasses.replace(entry)
 
     def observed(self, model: str) -> tuple[int, int]:
         """(service samples, load samples) seen for `model`: for logs and tests."""

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from aiohttp import web
 
+from llmswap.router.base import BaseRouter
 from llmswap.server.state import STATE, ServerState
 from llmswap.tasks import http as task_http
-from llmswap.tasks.http import TASKS
+from llmswap.tasks.http import TASKS_KEY, task_service
 from llmswap.tasks.service import TaskService
+
+log = logging.getLogger("llmswap.tasks")
 
 
 def create_app(server_state: ServerState) -> web.Application:
@@ -30,20 +34,35 @@ def create_app(server_state: ServerState) -> web.Application:
     metrics.setup(app)
     events.setup(app)
     ui.setup(app)
-    if server_state.config.tasks is not None:
-        app.on_startup.append(_start_tasks)
-        app.on_cleanup.append(_stop_tasks)
+    app.on_startup.append(_start_tasks)
+    app.on_cleanup.append(_stop_tasks)
     return app
 
 
 async def _start_tasks(app: web.Application) -> None:
-    # Tasks read the router through the state on every run: a config reload swaps it.
-    service = TaskService(app[STATE].config, lambda: app[STATE].router, asyncio.get_running_loop())
-    service.start()
-    app[TASKS] = service
+    """Run the task queue when the config has a `tasks:` section, and follow every reload's config: the
+    service starts when a reload adds the section and is reconfigured in place after that."""
+    server_state = app[STATE]
+    loop = asyncio.get_running_loop()
+
+    def follow(router: BaseRouter) -> None:
+        # Called inside the reload, with the new router (and its config) already in place.
+        try:
+            service = task_service(server_state, enabled_only=False)
+            if service is not None:
+                service.reconfigure(router.config)
+            elif router.config.tasks is not None:
+                # Tasks read the router through the state on every run: a config reload swaps it.
+                service = TaskService(router.config, lambda: server_state.router, loop)
+                service.start()
+                server_state.extras[TASKS_KEY] = service
+        except Exception:
+            log.exception("tasks: following the config failed; the task queue keeps its previous settings")
+
+    server_state.watch_router(follow)
 
 
 async def _stop_tasks(app: web.Application) -> None:
-    service = app.get(TASKS)
+    service = task_service(app[STATE], enabled_only=False)
     if service is not None:
         await service.shutdown()

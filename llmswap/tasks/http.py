@@ -12,10 +12,11 @@ from typing import Any
 from aiohttp import web
 
 from llmswap.server.errors import error_response
+from llmswap.server.state import ServerState, state
 from llmswap.tasks.db import TaskStatus, get_task, list_tasks
 from llmswap.tasks.service import TaskService, UnknownTaskType, row_json
 
-TASKS: web.AppKey[TaskService] = web.AppKey("llmswap_tasks", TaskService)
+TASKS_KEY = "tasks"  # ServerState.extras key of the server's TaskService (made by the app at startup)
 MAX_LIST = 1000
 
 
@@ -27,8 +28,16 @@ def setup(app: web.Application) -> None:
     app.router.add_delete(r"/api/tasks/{task_id:\d+}", cancel)
 
 
+def task_service(server_state: ServerState, *, enabled_only: bool = True) -> TaskService | None:
+    """The server's task service; None when the config has no `tasks:` (or a reload removed it)."""
+    service = server_state.extras.get(TASKS_KEY)
+    if not isinstance(service, TaskService) or (enabled_only and not service.enabled):
+        return None
+    return service
+
+
 def _service(request: web.Request) -> TaskService | None:
-    return request.app.get(TASKS)
+    return task_service(state(request))
 
 
 def _not_configured(request: web.Request) -> web.Response:

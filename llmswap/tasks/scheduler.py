@@ -113,17 +113,11 @@ class TaskScheduler:
         max_queue_depth: int = DEFAULT_MAX_QUEUE_DEPTH,
         wake_interval: float = DEFAULT_WAKE_INTERVAL,
     ) -> None:
-        if max_queue_depth < 1:
-            raise ValueError(f"max_queue_depth must be >= 1, got {max_queue_depth}")
-        if available_vram is not None and available_vram <= 0:
-            raise ValueError(f"available_vram must be > 0 GB (omit it to detect), got {available_vram}")
+        _check_settings(max_queue_depth, available_vram)
         self._db_path = Path(db_path)
         self._run_task: RunTaskFn = run_task_fn or default_run_task
         self._llm_task_types = frozenset(llm_task_types)
-        self._budgets: dict[str, float] = {**DEFAULT_VRAM_BUDGETS, **(budgets or {})}
-        for task_type, budget in self._budgets.items():
-            if budget < 0:
-                raise ValueError(f"VRAM budget of task type {task_type!r} must be >= 0 GB, got {budget}")
+        self._budgets: dict[str, float] = _merged_budgets(budgets)
         self._available_vram = detect_available_vram() if available_vram is None else float(available_vram)
         self._max_queue_depth = max_queue_depth
         self._wake_interval = wake_interval
@@ -146,6 +140,46 @@ class TaskScheduler:
             self._queued_ids.add(row.id)
         if self._queued_ids:
             logger.info("resuming %d queued LLM task(s) from %s", len(self._queued_ids), self._db_path)
+
+    def reconfigure(
+        self,
+        *,
+        llm_task_types: Iterable[str],
+        budgets: Mapping[str, float] | None = None,
+        available_vram: float | None = None,
+        max_queue_depth: int = DEFAULT_MAX_QUEUE_DEPTH,
+    ) -> None:
+        """Change types, budgets, available VRAM and queue depth while running (a config reload).
+
+        A type no longer listed leaves its deque (its rows stay queued in the database, for a later
+        config that lists it again); its running batch ends after the task in hand. A newly listed type's
+        queued rows load, oldest first, as at construction. Deques already longer than a lowered depth
+        keep their tasks: the depth bounds what is added.
+        """
+        _check_settings(max_queue_depth, available_vram)
+        merged = _merged_budgets(budgets)
+        available = detect_available_vram() if available_vram is None else float(available_vram)
+        types = frozenset(llm_task_types)
+        added = types - self._llm_task_types
+        resumed = queued_tasks(self._db_path, added)
+        with self._lock:
+            self._llm_task_types = types
+            self._budgets = merged
+            self._available_vram = available
+            self._max_queue_depth = max_queue_depth
+            for task_type in [t for t in self._queues if t not in types]:
+                for spec in self._queues.pop(task_type):
+                    self._queued_ids.discard(spec.id)
+            for row in resumed:
+                if row.id not in self._queued_ids:
+                    self._queues.setdefault(row.task_type, deque()).append(
+                        TaskSpec(row.id, row.job_id, row.params)
+                    )
+                    self._queued_ids.add(row.id)
+            self._reserved_vram = self._sum_reserved()
+            self._idle.notify_all()
+        self._warn_about_budgets()
+        self._wake.set()
 
     def _warn_about_budgets(self) -> None:
         for task_type in sorted(self._llm_task_types):
@@ -392,6 +426,21 @@ class TaskScheduler:
                 self._reserved_vram = self._sum_reserved()
                 self._idle.notify_all()
             self._wake.set()
+
+
+def _check_settings(max_queue_depth: int, available_vram: float | None) -> None:
+    if max_queue_depth < 1:
+        raise ValueError(f"max_queue_depth must be >= 1, got {max_queue_depth}")
+    if available_vram is not None and available_vram <= 0:
+        raise ValueError(f"available_vram must be > 0 GB (omit it to detect), got {available_vram}")
+
+
+def _merged_budgets(budgets: Mapping[str, float] | None) -> dict[str, float]:
+    merged = {**DEFAULT_VRAM_BUDGETS, **(budgets or {})}
+    for task_type, budget in merged.items():
+        if budget < 0:
+            raise ValueError(f"VRAM budget of task type {task_type!r} must be >= 0 GB, got {budget}")
+    return merged
 
 
 _scheduler: TaskScheduler | None = None

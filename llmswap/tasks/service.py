@@ -10,6 +10,7 @@ are picked up by a poll of the database.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import threading
@@ -93,7 +94,12 @@ def plan_capacity(tasks: TasksConfig, router: Any) -> Capacity:
 
 
 class TaskService:
-    """Owns the TaskScheduler of one server; `router_of()` gives the live router (it changes on reload)."""
+    """Owns the TaskScheduler of one server; `router_of()` gives the live router (it changes on reload).
+
+    A config reload reaches it through `reconfigure`: types, models, priority, budgets and queue depth
+    change in place, without stopping a batch that is running. A reload without `tasks:` disables the
+    queue (rows stay in the database); `tasks.db` itself only changes with a restart.
+    """
 
     def __init__(
         self,
@@ -114,6 +120,7 @@ class TaskService:
         self._poller: asyncio.Task[None] | None = None
         self._seen_lock = threading.Lock()
         self.capacity = plan_capacity(self.tasks, router_of())
+        self.enabled = True  # False after a reload dropped the `tasks:` section
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -133,14 +140,36 @@ class TaskService:
         )
         self._scheduler.start()
         self._poller = self._loop.create_task(self._poll_database(), name="tasks-db-poll")
-        log.info(
-            "tasks: %s, types %s, %s",
-            self.db,
-            sorted(self.tasks.types),
-            "one batch at a time"
-            if self.capacity.unit == "batch"
-            else f"{self.capacity.available:.1f} GB shared",
+        log.info("tasks: %s, types %s, %s", self.db, sorted(self.tasks.types), _capacity_text(self.capacity))
+
+    def reconfigure(self, config: Config) -> None:
+        """Follow a reloaded config (see the class docstring)."""
+        tasks = config.tasks
+        if tasks is None:
+            if self.enabled:
+                log.warning("tasks: the reloaded config has no `tasks:` section; the task queue is off "
+                            "(queued tasks stay in %s; running batches finish the task in hand)", self.db)
+            tasks = dataclasses.replace(self.tasks, types={})
+            self.enabled = False
+        else:
+            self.enabled = True
+            if tasks.db.resolve() != self.db.resolve():
+                log.error("tasks: tasks.db changed from %s to %s; that takes a restart, the queue keeps "
+                          "using %s", self.db, tasks.db, self.db)
+                tasks = dataclasses.replace(tasks, db=self.db)
+        capacity = plan_capacity(tasks, self._router_of())
+        if tasks == self.tasks and capacity == self.capacity:
+            return
+        self.tasks, self.capacity = tasks, capacity
+        self.scheduler.reconfigure(
+            llm_task_types=tasks.types.keys(),
+            budgets=capacity.budgets,
+            available_vram=capacity.available,
+            max_queue_depth=tasks.max_queue_depth,
         )
+        if self.enabled:
+            log.info("tasks: reconfigured: types %s, priority %d, %s", sorted(tasks.types), tasks.priority,
+                     _capacity_text(capacity))
 
     async def shutdown(self) -> None:
         if self._poller is not None:
@@ -202,7 +231,8 @@ class TaskService:
             for task_type in self.tasks.types:
                 pending.update(self.scheduler.pending_ids(task_type))
             for row in rows:
-                if row.id not in pending:
+                # A reload may have dropped the row's type while the database was read.
+                if row.id not in pending and self.scheduler.handles(row.task_type):
                     self.scheduler.enqueue(row.id, row.task_type, row.job_id, row.params)
 
     # ------------------------------------------------------------------ running one task (worker thread)
@@ -215,7 +245,9 @@ class TaskService:
         from llmswap.server.filters import apply_plan
         from llmswap.server.inference import local_plan
 
-        task_type = self.tasks.types[row.task_type]
+        task_type = self.tasks.types.get(row.task_type)
+        if task_type is None:
+            raise TaskError(f"task type {row.task_type!r} was removed from the config by a reload")
         params = row.params if isinstance(row.params, dict) else {}
         path = endpoint_for(params)
         body = {k: v for k, v in params.items() if k != "endpoint"}
@@ -236,6 +268,10 @@ class TaskService:
         except ValueError as exc:
             raise TaskError(f"{task_type.model} answered non-JSON: {text[:200]}") from exc
         return text
+
+
+def _capacity_text(capacity: Capacity) -> str:
+    return "one batch at a time" if capacity.unit == "batch" else f"{capacity.available:.1f} GB shared"
 
 
 def row_json(row: TaskRow) -> dict[str, Any]:

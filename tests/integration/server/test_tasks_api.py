@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -18,6 +19,9 @@ from llmswap.config.model import (
     TasksConfig,
     TaskTypeConfig,
 )
+from llmswap.server.reload import apply_config
+from llmswap.tasks.db import insert_task
+from llmswap.tasks.http import task_service
 from tests.helpers.models import demo_config
 from tests.helpers.wait import eventually
 from tests.integration.server.conftest import ServeConfig
@@ -145,3 +149,68 @@ async def test_task_routes_without_tasks_section(
         assert resp.status == 404
         assert "tasks:" in json.dumps(await resp.json())
     await asyncio.sleep(0)
+
+
+async def finished(http: aiohttp.ClientSession, url: str, task_id: int) -> dict[str, Any]:
+    """Wait for a task to complete; its row."""
+    row: dict[str, Any] = {}
+
+    async def done() -> bool:
+        nonlocal row
+        async with http.get(f"{url}/api/tasks/{task_id}") as resp:
+            row = dict(await resp.json())
+        assert row["status"] != "failed", row
+        return row["status"] == "completed"
+
+    await eventually(done, within=30, what=f"task {task_id} completing")
+    return row
+
+
+def answered_by(row: dict[str, Any]) -> str:
+    content = row["result"]["choices"][0]["message"]["content"]
+    return content.split(" says")[0].removeprefix("demo ")
+
+
+async def test_a_reload_reconfigures_the_task_queue_in_place(
+    tmp_path: Path, serve_config: ServeConfig, http: aiohttp.ClientSession
+) -> None:
+    full = tasks_config(tmp_path)
+    assert full.tasks is not None
+    served = await serve_config(dataclasses.replace(full, tasks=None))
+    url = served.url
+    async with http.get(f"{url}/api/tasks/stats") as resp:
+        assert resp.status == 404
+
+    # A reload that adds the section starts the queue.
+    assert apply_config(served.state, full).applied
+    assert answered_by(await finished(http, url, (await submit(http, url, "letters"))["id"])) == "a"
+
+    # One that moves a type to another model, drops one, adds one and changes the priority applies in
+    # place, to the next task.
+    types = {"letters": TaskTypeConfig("letters", "c"), "research": TaskTypeConfig("research", "b"),
+             "digests": TaskTypeConfig("digests", "b")}
+    moved = dataclasses.replace(full, tasks=dataclasses.replace(full.tasks, types=types, priority=5))
+    assert apply_config(served.state, moved).applied
+    service = task_service(served.state)
+    assert service is not None and service.tasks.priority == 5
+    assert answered_by(await finished(http, url, (await submit(http, url, "letters"))["id"])) == "c"
+    assert answered_by(await finished(http, url, (await submit(http, url, "digests"))["id"])) == "b"
+    async with http.post(f"{url}/api/tasks", json={"type": "summaries", "params": chat_params("x")}) as resp:
+        assert resp.status == 400
+
+    # One without the section switches the queue off; what is queued meanwhile (here by the CLI, straight
+    # into the database) waits, and runs once a reload brings its type back.
+    assert apply_config(served.state, dataclasses.replace(full, tasks=None)).applied
+    async with http.get(f"{url}/api/tasks/stats") as resp:
+        assert resp.status == 404
+    waiting, _ = insert_task(full.tasks.db, "summaries", 0, chat_params("later"), dedupe=False)
+    assert apply_config(served.state, full).applied
+    assert answered_by(await finished(http, url, waiting)) == "c"
+
+    # The database itself changes only with a restart: the queue keeps the one it has.
+    elsewhere = dataclasses.replace(full, tasks=dataclasses.replace(full.tasks, db=tmp_path / "other.sqlite"))
+    assert apply_config(served.state, elsewhere).applied
+    service = task_service(served.state)
+    assert service is not None and service.db == full.tasks.db
+    async with http.get(f"{url}/api/tasks/{waiting}") as resp:
+        assert (await resp.json())["status"] == "completed"

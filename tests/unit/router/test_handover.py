@@ -318,6 +318,22 @@ async def test_observers_carry_over_to_the_successor() -> None:
         await finish(old, new)
 
 
+async def test_learned_times_of_kept_models_carry_over_to_the_successor() -> None:
+    script = FakeScript()
+    old = start(config(model("a"), model("b")), script)
+    new = None
+    try:
+        await serve(old, "a")
+        await serve(old, "b")
+        assert old.scheduler.times.observed("a") == (1, 1)
+        new = reload(old, config(model("a"), model("b", ttl=60)), script)
+        assert new.scheduler.times.observed("a") == (1, 1)
+        assert new.scheduler.times.load("a") == old.scheduler.times.load("a")
+        assert new.scheduler.times.observed("b") == (0, 0)  # changed: its new process is measured afresh
+    finally:
+        await finish(*(r for r in (old, new) if r is not None))
+
+
 async def test_shutting_down_the_successor_ends_the_predecessor_too() -> None:
     script = FakeScript()
     old = start(config(model("a"), model("b"), exclusive=False), script)

@@ -49,6 +49,20 @@ def test_an_unobserved_model_is_assumed_to_be_like_the_observed_ones():
     assert times.load("a") == 8.0
 
 
+def test_adopting_estimates_copies_only_the_named_models():
+    old = ServiceTimes()
+    old.observe_service("kept", 3.0)
+    old.observe_load("kept", 20.0)
+    old.observe_load("changed", 90.0)
+    new = ServiceTimes()
+    new.adopt(old, ["kept", "never-seen"])
+    assert (new.service("kept"), new.load("kept")) == (3.0, 20.0)
+    assert new.observed("kept") == (1, 1)
+    assert new.observed("changed") == (0, 0)  # its config changed: what was learned may no longer hold
+    old.observe_load("kept", 40.0)  # copies, not shared: the retiring scheduler keeps learning alone
+    assert new.load("kept") == 20.0
+
+
 def test_smoothed_deviation_tracks_spread():
     s = Smoothed(0.0, 0.0)
     for value in [1.0, 3.0] * 20:

@@ -144,6 +144,40 @@ def test_new_tasks_picked_up_mid_batch(make_scheduler: SchedulerFactory) -> None
     assert scheduler.snapshot().batches_started["cover_letter"] == 1
 
 
+def test_reconfigure_changes_types_and_budgets_without_stopping_a_batch(
+    make_scheduler: SchedulerFactory, db: Path
+) -> None:
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold_letters(call: Call) -> None:
+        if call.task_type == "cover_letter":
+            held.set()
+            assert release.wait(WAIT)
+
+    run_task = RecordingRunTask(hold_letters)
+    scheduler = make_scheduler(run_task, llm_task_types={"cover_letter", "company_research"},
+                               available_vram=ONE_MODEL_VRAM)
+    letters = [queue_task(scheduler, "cover_letter") for _ in range(2)]  # the deeper queue goes first
+    research = [queue_task(scheduler, "company_research")]
+    wizard, _ = insert_task(db, "wizard_generate", 0, None, dedupe=False)  # not a type of this scheduler
+    scheduler.start()
+    assert held.wait(WAIT)
+    assert scheduler.pending_ids("company_research") == tuple(research)  # waits: no room beside letters
+
+    # Research leaves, the wizard comes in, and there is room for two batches now.
+    scheduler.reconfigure(llm_task_types={"cover_letter", "wizard_generate"}, available_vram=BOTH_MODELS_VRAM)
+    assert run_task.wait_for_calls(2)  # the wizard ran beside the letter still being written
+    assert run_task.ids() == [letters[0], wizard]
+    assert scheduler.pending_ids("company_research") == ()
+    release.set()
+    assert scheduler.wait_idle(WAIT)
+    assert run_task.ids("cover_letter") == letters  # the running batch went on with its queue
+    assert get_task(db, research[0]).status is TaskStatus.QUEUED  # kept for a later config
+    with pytest.raises(ValueError, match="not an LLM task type"):
+        scheduler.enqueue(research[0], "company_research", 0)
+
+
 def test_worker_crash_releases_vram(make_scheduler: SchedulerFactory, db: Path) -> None:
     reserved_while_running: list[float] = []
     crashing: list[int] = []
