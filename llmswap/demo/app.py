@@ -1,5 +1,5 @@
-"""The demo's aiohttp application: /health, /props, /ws, the API routes, and what every response carries
-(the X-Demo-Model header, --echo, JSON errors, --log-requests)."""
+"""The demo's aiohttp application: /health, /props, a websocket (/ws and /v1/realtime), the API routes, and
+what every response carries (the X-Demo-Model header, --echo, JSON errors, --log-requests)."""
 
 import os
 import time
@@ -111,7 +111,8 @@ def build_app(demo: Demo) -> web.Application:
 
     app = web.Application(middlewares=[serve], client_max_size=MAX_BODY_SIZE)
     app.on_response_prepare.append(identify)
-    app.add_routes([web.get("/health", health), web.get("/props", props), web.get("/ws", socket)])
+    app.add_routes([web.get("/health", health), web.get("/props", props), web.get("/ws", socket),
+                    web.get("/v1/realtime", socket)])
     app.add_routes(openai_api.routes(demo))
     app.add_routes(anthropic_api.routes(demo))
     return app

@@ -17,7 +17,18 @@ log = logging.getLogger("llmswap.tasks")
 
 
 def create_app(server_state: ServerState) -> web.Application:
-    from llmswap.server import admin, auth, events, inference, logs, metrics, middleware, ui, upstream
+    from llmswap.server import (
+        admin,
+        auth,
+        events,
+        inference,
+        logs,
+        metrics,
+        middleware,
+        realtime,
+        ui,
+        upstream,
+    )
 
     app = web.Application(
         client_max_size=server_state.config.max_request_body,
@@ -30,6 +41,7 @@ def create_app(server_state: ServerState) -> web.Application:
     admin.setup(app)
     logs.setup(app)
     upstream.setup(app)
+    realtime.setup(app)
     task_http.setup(app)
     metrics.setup(app)
     events.setup(app)

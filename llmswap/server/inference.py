@@ -252,7 +252,7 @@ async def _serve_peer(
         peer,
         path=incoming.route.upstream_path,
         body=outgoing_body(incoming.raw, found, plan),
-        query=_query_with_model(request, bare_model) if found.source == "query" else None,
+        query=query_with_model(request, bare_model) if found.source == "query" else None,
         sse_error=incoming.dialect.error,
     )
 
@@ -281,7 +281,7 @@ def outgoing_body(raw: bytearray, found: Identified, plan: FilterPlan) -> Body:
     return raw
 
 
-def _query_with_model(request: web.Request, model: str) -> str:
+def query_with_model(request: web.Request, model: str) -> str:
     pairs = [(key, model if key == "model" else value) for key, value in request.query.items()]
     return urlencode(pairs)
 

@@ -103,7 +103,7 @@ async def to_upstream(request: web.Request) -> web.StreamResponse:
         if refusal is not None:
             return refusal
     if websocket.is_upgrade(request):
-        return await _socket(request, target)
+        return await relay_socket(request, target, request.rel_url.raw_query_string)
     limit = server.config.max_request_body
     try:
         # The whole body, size-checked against the live limit before anything queues: an oversized
@@ -136,21 +136,23 @@ def _refuse_while_down(request: web.Request, model_id: str, path: str) -> web.Re
     return None
 
 
-async def _socket(request: web.Request, target: UpstreamTarget) -> web.StreamResponse:
+async def relay_socket(request: web.Request, target: UpstreamTarget, query: str) -> web.StreamResponse:
+    """Relay a websocket upgrade to `target` (`query` is the raw query string to send), holding the model
+    in flight for as long as the socket is open unless it sets `compat.ignoreWebsockets`."""
     server = state(request)
     pool = proxy.upstream_pool(server)
     if target.peer is not None:
         note_model(request, f"{target.peer}/{target.model}")
         peer = server.config.peers[target.peer]
         extra, drop = peer_headers(peer, request.headers, llmswap_has_keys=bool(server.config.api_keys))
-        url = proxy.upstream_url(peer.proxy, target.path, request.rel_url.raw_query_string)
+        url = proxy.upstream_url(peer.proxy, target.path, query)
         session = pool.session(f"peer:{peer.id}", peer.timeouts)
         return await websocket.relay(
             request, url, session, extra_headers=extra, drop_headers=drop, error_prefix="peer proxy error",
         )
     note_model(request, target.model)
     config = server.config.models[target.model]
-    url = proxy.upstream_url(config.proxy, target.path, request.rel_url.raw_query_string)
+    url = proxy.upstream_url(config.proxy, target.path, query)
     if config.ignore_websockets:
         # Not the router's business: the socket neither starts the model nor counts as in flight.
         process = server.router.processes.get(target.model)
@@ -174,7 +176,7 @@ async def _socket(request: web.Request, target: UpstreamTarget) -> web.StreamRes
             if granted is None:
                 return web.Response(status=CLIENT_GONE)
             # The grant's config, not the one read above: a reload may have changed the model meanwhile.
-            url = proxy.upstream_url(granted.config.proxy, target.path, request.rel_url.raw_query_string)
+            url = proxy.upstream_url(granted.config.proxy, target.path, query)
             session = pool.session(target.model, granted.config.timeouts)
             return await websocket.relay(request, url, session)
     except SchedulerError as err:

@@ -1,6 +1,6 @@
-"""Websockets through `/upstream/<model>/<path>` against demo upstreams' `/ws` echo: relayed both ways,
-close codes passed on, held in flight like a request (llama-swap's default), or not counted at all with
-`compat.ignoreWebsockets`."""
+"""Websockets through `/upstream/<model>/<path>` and `/v1/realtime?model=` against demo upstreams' echo
+socket: relayed both ways, close codes passed on, held in flight like a request (llama-swap's default), or
+not counted at all with `compat.ignoreWebsockets`."""
 
 from __future__ import annotations
 
@@ -146,3 +146,35 @@ async def test_peer_sockets_carry_the_peer_key(serve_config, http):
             assert await socket.receive_str(timeout=10) == "remote: over there"
     assert greeting["model"] == "remote"
     assert served.router.processes["m"].state is ProcessState.STOPPED
+
+
+async def test_realtime_is_routed_by_its_model_query_parameter(serve_config, http):
+    voice = dataclasses.replace(demo_config("voice"), use_model_name="whisper-large", aliases=("talk",))
+    config = exclusive_config(voice, demo_config("chat"), aliases={"talk": "voice"})
+    served = await serve_config(config)
+    async with http.ws_connect(served.at("/v1/realtime?model=talk&intent=transcription")) as socket:
+        greeting = await hello(socket)
+        # The alias resolved to `voice`, which knows itself as whisper-large; the rest of the query went on.
+        assert greeting["model"] == "voice"
+        assert greeting["query"] == {"model": "whisper-large", "intent": "transcription"}
+        assert in_flight(served, "voice") == 1
+        await socket.send_str("hello")
+        assert await socket.receive_str(timeout=10) == "voice: hello"
+    await until_zero(served, "voice")
+
+
+@pytest.mark.parametrize(
+    ("query", "upgrade", "status", "message"),
+    [
+        ("?model=chat", False, 400, "/v1/realtime is a websocket: connect with a websocket client"),
+        ("", True, 400, "/v1/realtime needs the model as a query parameter"),
+        ("?model=ghost", True, 404, "no router for requested model"),
+    ],
+)
+async def test_realtime_refusals(serve_config, http, query, upgrade, status, message):
+    served = await serve_config(exclusive_config(demo_config("chat")))
+    headers = {"Upgrade": "websocket", "Connection": "Upgrade"} if upgrade else {}
+    async with http.get(served.at(f"/v1/realtime{query}"), headers=headers) as response:
+        assert response.status == status
+        assert (await response.json())["error"]["message"].startswith(message)
+    assert served.router.processes["chat"].state is ProcessState.STOPPED

@@ -1,0 +1,46 @@
+"""`GET /v1/realtime?model=...`: OpenAI's Realtime API, a websocket, routed by its `model` query parameter.
+
+Servers that speak it locally (vLLM's realtime transcription, speaches) get it through the same websocket
+relay as `/upstream/<model>/...` (`upstream.relay_socket`): the socket may start its model and holds it in
+flight until it closes, unless the model sets `compat.ignoreWebsockets`. Aliases resolve and the query's
+`model` is rewritten to the name the upstream knows (`useModelName`, a peer's own name for it).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from llmswap.server.errors import error_response
+from llmswap.server.inference import query_with_model
+from llmswap.server.peers import resolve_peer
+from llmswap.server.state import state
+from llmswap.server.upstream import UpstreamTarget, relay_socket
+from llmswap.server.websocket import is_upgrade
+
+PATH = "/v1/realtime"
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_get(PATH, realtime)
+
+
+async def realtime(request: web.Request) -> web.StreamResponse:
+    if not is_upgrade(request):
+        return error_response(request, 400, f"{PATH} is a websocket: connect with a websocket client "
+                              "(Upgrade: websocket)")
+    name = request.query.get("model", "")
+    if not name:
+        return error_response(request, 400, f"{PATH} needs the model as a query parameter: {PATH}?model=<id>")
+    config = state(request).config
+    model_id = config.real_model_name(name)
+    if model_id is not None:
+        sent = config.models[model_id].use_model_name or name
+        target = UpstreamTarget(name, model_id, None, PATH)
+    else:
+        served = resolve_peer(config, name)
+        if served is None:
+            return error_response(request, 404, "no router for requested model")
+        sent = served[1]
+        target = UpstreamTarget(name, served[1], served[0].id, PATH)
+    query = query_with_model(request, sent) if sent != name else request.rel_url.raw_query_string
+    return await relay_socket(request, target, query)
