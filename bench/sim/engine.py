@@ -204,6 +204,9 @@ class Simulation:
     def admit(self, req: HandlerRequest) -> bool:
         return True
 
+    def inherited_in_flight(self, model: str) -> int:
+        return 0  # the simulation never reloads its config
+
     def grant_serve(self, req: HandlerRequest, model: str) -> bool:
         client = self._clients[req]
         client.outcome.granted = self.now

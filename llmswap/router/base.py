@@ -481,6 +481,14 @@ class BaseRouter(Effects):
         states = {mid: self._visible_state(mid, p.state) for mid, p in self.processes.items()}
         return {mid: state for mid, state in states.items() if state.is_running}
 
+    def inherited_in_flight(self, model: str) -> int:
+        total = 0
+        handover = self._handover_in
+        while handover is not None:  # reloads may chain: every router still winding down counts
+            total += handover.old.snapshot().in_flight.get(model, 0)
+            handover = handover.old.handover_in
+        return total
+
     def _visible_state(self, model: str, state: ProcessState) -> ProcessState:
         # An adopted process that a predecessor is still starting or stopping is in that state for
         # this scheduler too, even before the predecessor's swap has touched it.

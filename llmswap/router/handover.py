@@ -15,6 +15,9 @@ child, same PID, still loaded), then retires `old` through one `Handover`:
 - a swap the old router had under way keeps going; until it is done the successor sees its target as
   starting and its victims as stopping (`claim`), so it never grants a model that is about to be stopped nor
   ignores one that is about to run;
+- requests the old router still serves count toward the successor's `concurrencyLimit` (and its in-flight
+  gauge): `BaseRouter.inherited_in_flight`; what the old scheduler measured of the adopted models' service
+  and load times carries over;
 - once the old router is idle its run loop ends and the successor forgets it (`done`).
 
 Reloads may chain (a second one before the first has drained): every question is also put to the

@@ -167,7 +167,7 @@ class QueueScheduler(ABC):
             return
         self._arrived(req)
         limit = self._limit(req.model)
-        if self._reserved.get(req.model, 0) >= limit:
+        if self._reserved.get(req.model, 0) + self._effects.inherited_in_flight(req.model) >= limit:
             self._log.debug("%s: %s is at its concurrency limit (%d)", self.name, req.model, limit)
             self._reject(req, REASON_CONCURRENCY, ConcurrencyLimit(
                 f"Too many requests: {req.model} already has {limit} requests waiting or running "

@@ -118,6 +118,10 @@ class Effects(Protocol):
     def notify_position(self, req: HandlerRequest, position: int) -> None:
         """The waiter's 1-based place in the queue changed (for the loading feedback)."""
 
+    def inherited_in_flight(self, model: str) -> int:
+        """Requests of `model` that a predecessor router (before a config reload) is still serving: they
+        count toward `concurrencyLimit` here too, or a reload would briefly double the limit."""
+
 
 class Scheduler(Protocol):
     def on_request(self, req: HandlerRequest) -> None: ...

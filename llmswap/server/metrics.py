@@ -217,7 +217,9 @@ class RouterCollector:
                                     labels=("model",))
         for model in models:
             depth.add_metric((model,), snapshot.waiting.get(model, 0))
-            in_flight.add_metric((model,), snapshot.in_flight.get(model, 0))
+            # Requests a predecessor router still serves after a reload are in flight all the same.
+            serving = snapshot.in_flight.get(model, 0) + router.inherited_in_flight(model)
+            in_flight.add_metric((model,), serving)
             loading.add_metric((model,), 1 if model in snapshot.loading else 0)
         yield from (depth, in_flight, loading)
 

@@ -16,6 +16,7 @@ from llmswap.process.state import ProcessState
 from llmswap.router import build_router
 from llmswap.router.base import BaseRouter
 from llmswap.router.handover import adoptable, same_model, successor_router
+from llmswap.scheduler.errors import ConcurrencyLimit
 from tests.helpers.fake_process import FakeProcess, FakeScript, fake_factory
 
 WITHIN = 10.0
@@ -315,6 +316,28 @@ async def test_observers_carry_over_to_the_successor() -> None:
         await serve(new, "b")
         assert any(getattr(e, "model", None) == "b" for e in seen)
     finally:
+        await finish(old, new)
+
+
+async def test_concurrency_limit_counts_requests_the_old_router_still_serves() -> None:
+    script = FakeScript()
+    limited = model("a", concurrency_limit=1)
+    old = start(config(limited), script)
+    release = asyncio.Event()
+    got: list[object] = []
+    holder = asyncio.create_task(hold(old, "a", release, got))
+    await until(lambda: bool(got))
+    new = reload(old, config(limited), script)
+    try:
+        assert new.inherited_in_flight("a") == 1
+        with pytest.raises(ConcurrencyLimit):
+            await serve(new, "a")  # the one slot is still taken on the old router
+        release.set()
+        await holder
+        await until(lambda: new.inherited_in_flight("a") == 0)
+        assert await serve(new, "a") is got[0]  # the same adopted process
+    finally:
+        release.set()
         await finish(old, new)
 
 

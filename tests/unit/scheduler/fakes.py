@@ -78,6 +78,7 @@ class FakeEffects:
         self.states: dict[str, ProcessState] = dict(states or {})  # missing = not handled by the router
         self.gone: set[HandlerRequest] = set()  # clients that left: admit and grant_serve say False
         self.refuse_serve: set[str] = set()  # models whose grant_serve always says False
+        self.inherited: dict[str, int] = {}  # requests a predecessor router still serves, per model
 
         self.starts: list[SwapPlan] = []
         self.aborts: list[str] = []
@@ -109,6 +110,9 @@ class FakeEffects:
             return False
         self.admitted.append(req)
         return True
+
+    def inherited_in_flight(self, model: str) -> int:
+        return self.inherited.get(model, 0)
 
     def grant_serve(self, req: HandlerRequest, model: str) -> bool:
         received = req not in self.gone and model not in self.refuse_serve

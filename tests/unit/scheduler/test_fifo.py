@@ -299,6 +299,17 @@ def test_fifo_concurrency_limit_custom_limit():
     assert w.effects.served("a") == 2
 
 
+def test_fifo_concurrency_limit_counts_what_a_predecessor_router_still_serves():
+    # After a config reload the old router finishes its requests beside the new one: the limit is shared.
+    w = World({"a": READY}, limits={"a": 2})
+    w.effects.inherited["a"] = 1
+    r1 = w.req("a")
+    assert w.effects.was_served(r1)
+    assert isinstance(w.effects.error_of(w.req("a")), ConcurrencyLimit)
+    w.effects.inherited["a"] = 0  # the old router's request finished
+    assert w.effects.was_served(w.req("a"))
+
+
 def test_fifo_concurrency_limit_swap_waiters():
     w = World({"a": STOPPED}, limits={"a": 2})
     r1, r2, r3 = w.req("a"), w.req("a"), w.req("a")
