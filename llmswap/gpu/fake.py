@@ -31,7 +31,11 @@ class FakeReader:
         *,
         gpu_dir: str | os.PathLike[str] | None = None,
         names: Sequence[str] | None = None,
+        per_process: bool = True,
     ) -> None:
+        """`per_process=False` reports no per-process usage (devices still count it), as NVML does inside
+        a container whose PID namespace hides the host PIDs it lists."""
+        self.per_process = per_process
         self._lock = threading.Lock()
         self._totals = {i: int(t) for i, t in enumerate(totals)}
         self._names = {i: (names[i] if names else f"Fake GPU {i}") for i in self._totals}
@@ -99,6 +103,8 @@ class FakeReader:
             ]
 
     def process_usage(self, pid: int) -> dict[int, int]:
+        if not self.per_process:
+            return {}
         tree = process_tree(pid)
         files = self.file_usage()
         usage: dict[int, int] = {}

@@ -2,7 +2,8 @@
 
 A declaration (`models.<id>.vram`) is a floor: measurement can only raise a footprint, never lower it,
 because a declaration below the truth risks an out-of-memory and one above it only costs sharing.
-Learned values are the peak per-process-tree reading seen while the model was ready, per device,
+Learned values are the peak per-process-tree reading seen while the model was ready (or, without
+per-process readings, the devices' growth across a start the vram router could attribute), per device,
 kept across starts and persisted in `<stateDir>/footprints.json` together with the measured load
 times, which the vram swapper uses as eviction costs. Last-used times only order evictions within one
 run and are not persisted.

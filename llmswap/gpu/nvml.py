@@ -11,8 +11,8 @@ class NvmlReader:
     """Initialises NVML on construction (raising whatever NVML raises) and shuts it down on `close`.
 
     `nvml` is the `pynvml` module; tests pass an object with the same functions instead. NVML reports
-    host PIDs: inside a container with its own PID namespace per-process usage comes back empty, and
-    models are then sized by their declared `vram` only.
+    host PIDs: inside a container with its own PID namespace per-process usage comes back empty, and the
+    vram router then measures a start by the devices' growth across it (see `router/vram.py`).
     """
 
     kind = "nvml"

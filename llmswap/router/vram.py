@@ -4,6 +4,11 @@ On top of BaseRouter it (1) waits, after evicting, until the freed memory is vis
 the target (drivers release memory asynchronously; Ollama does the same), (2) recovers from an
 out-of-memory start by evicting every idle non-persistent model and retrying once, and (3) learns
 each model's footprint and load time from readings, persisted across restarts.
+
+Footprints come from per-process readings (the upstream's process tree). Where those are empty — NVML
+inside a container with its own PID namespace reports host PIDs, which match none of ours — a start is
+measured by how much the devices' used memory grew across it instead, provided nothing else moved
+meanwhile: no other model changed state during the start, and none was starting or stopping at either end.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from llmswap.config.model import Config
@@ -25,6 +31,9 @@ from llmswap.router.schedulers import scheduler_factory
 from llmswap.scheduler.swappers.vram import VramSwapper, device_budgets
 from llmswap.scheduler.types import HandlerRequest, SwapPlan
 
+# Process states in which an upstream's memory is not expected to move by much.
+_SETTLED = frozenset({ProcessState.READY, ProcessState.STOPPED, ProcessState.SHUTDOWN})
+
 log = logging.getLogger("llmswap.router.vram")
 
 # What llama.cpp, vLLM/PyTorch, CUDA and Vulkan print when an allocation fails.
@@ -33,6 +42,14 @@ _OOM = re.compile(
     r"erroroutofdevicememory|cuda_error_out_of_memory",
     re.IGNORECASE,
 )
+
+
+@dataclass(frozen=True)
+class _MemoryMark:
+    """The devices' used memory when a start began, and the event generation it was read at."""
+
+    generation: int
+    used: Mapping[int, int]
 
 
 def looks_like_oom(text: str) -> bool:
@@ -68,6 +85,10 @@ class VramRouter(BaseRouter):
         # to nobody between the decision and the process noticing its stop.
         self._evicting: set[str] = set()
         self._sampler: asyncio.Task[None] | None = None
+        # Every process event bumps the generation; `_moved_at[model]` is the generation of its latest.
+        self._generation = 0
+        self._moved_at: dict[str, int] = {}
+        self._delta_explained: set[str] = set()  # models whose device-delta learning was logged once
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -120,6 +141,7 @@ class VramRouter(BaseRouter):
             log.info("vram: %s: waited %.2fs for evicted memory to come back", plan.model, waited)
 
     async def start_target(self, process: ProcessLike) -> None:
+        mark = self._memory_mark(process.id)
         try:
             await process.ensure_ready()
         except StartFailed as exc:
@@ -129,8 +151,9 @@ class VramRouter(BaseRouter):
             if not victims:
                 raise
             await self._recover_from_oom(process, victims, exc)
+            mark = self._memory_mark(process.id)
             await process.ensure_ready()
-        self._learn(process)
+        self._learn(process, mark)
 
     def _start_ran_out_of_memory(self, process: ProcessLike, exc: StartFailed) -> bool:
         logs = getattr(process, "logs", None)
@@ -164,21 +187,66 @@ class VramRouter(BaseRouter):
 
     # ------------------------------------------------------------------ learning
 
-    def _learn(self, process: ProcessLike) -> None:
+    def _learn(self, process: ProcessLike, mark: _MemoryMark | None) -> None:
         if process.last_start_duration is not None:
             self.book.record_load_time(process.id, process.last_start_duration)
-        self._sample(process)
+        if not self._sample(process) and mark is not None:
+            self._learn_from_devices(process, mark)
 
-    def _sample(self, process: ProcessLike) -> None:
+    def _sample(self, process: ProcessLike) -> bool:
+        """Record the process tree's reading; False when there was none to record."""
         pid = process.pid
         if pid is None or process.state is not ProcessState.READY:
-            return
+            return False
         try:
             usage = self.reader.process_usage(pid)
         except Exception:
             log.exception("vram: reading the memory of %s (pid %d) failed", process.id, pid)
-            return
+            return False
         if usage and self.book.observe(process.id, usage):
+            self.book.save()
+        return bool(usage)
+
+    def _on_process_event(self, event: Any) -> None:
+        self._generation += 1
+        model = getattr(event, "model", None)
+        if isinstance(model, str):
+            self._moved_at[model] = self._generation
+        super()._on_process_event(event)
+
+    def _others_settled(self, model: str) -> bool:
+        return all(p.state in _SETTLED for m, p in self.processes.items() if m != model)
+
+    def _memory_mark(self, model: str) -> _MemoryMark | None:
+        """The devices' used memory before `model` starts, if a later difference can be put down to it."""
+        if not self._others_settled(model):
+            return None
+        try:
+            used = {device.index: device.used for device in self.reader.devices()}
+        except Exception:
+            log.exception("vram: reading the devices before starting %s failed", model)
+            return None
+        return _MemoryMark(self._generation, used)
+
+    def _learn_from_devices(self, process: ProcessLike, mark: _MemoryMark) -> None:
+        """No per-process reading: learn what the devices' used memory grew by while only it started."""
+        moved = any(at > mark.generation for m, at in self._moved_at.items() if m != process.id)
+        if moved or not self._others_settled(process.id) or process.state is not ProcessState.READY:
+            return
+        try:
+            now = {device.index: device.used for device in self.reader.devices()}
+        except Exception:
+            log.exception("vram: reading the devices after starting %s failed", process.id)
+            return
+        grown = {d: used - mark.used.get(d, 0) for d, used in now.items() if used > mark.used.get(d, 0)}
+        if not grown:
+            return
+        if process.id not in self._delta_explained:
+            self._delta_explained.add(process.id)
+            log.info("vram: %s: no per-process memory readings (a container's PID namespace hides them); "
+                     "measured %s as the devices' growth across its start", process.id,
+                     format_bytes(sum(grown.values())))
+        if self.book.observe(process.id, grown):
             self.book.save()
 
     async def _sample_forever(self) -> None:

@@ -7,6 +7,7 @@ error) when the others already hold too much: an emulated OOM.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from llmswap.config.model import Config, ModelConfig, RouterConfig, RoutingConfig, VramSettings
@@ -15,6 +16,7 @@ from llmswap.process.state import ProcessState
 from llmswap.router import build_router
 from llmswap.router.vram import VramRouter, looks_like_oom
 from tests.helpers.models import demo_config
+from tests.helpers.wait import eventually
 
 
 def model(name: str, gpu_dir: Path, actual: str, declared: int | None, *flags: str) -> ModelConfig:
@@ -118,3 +120,48 @@ def test_oom_detection_recognises_common_upstream_messages() -> None:
     assert looks_like_oom("alloc_buffer: allocating 4096.00 MiB on device 0: cudaMalloc failed")
     assert looks_like_oom("vk::Device::allocateMemory: ErrorOutOfDeviceMemory")
     assert not looks_like_oom("upstream command exited prematurely (exit code 1)")
+
+
+async def test_without_per_process_readings_a_start_is_measured_by_the_devices_growth(tmp_path: Path) -> None:
+    # As NVML inside a container: device totals are right, per-process usage is empty.
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    reader = FakeReader(totals=(10 * GiB,), gpu_dir=gpu, per_process=False)
+    reader.set_extra_used(0, 1 * GiB)  # something else holds memory: only the growth is the model's
+    config = vram_config(tmp_path, model("low", gpu, "3GiB", 1 * GiB), model("plain", gpu, "2GiB", None))
+    router = vram_router(config, reader)
+    try:
+        await use(router, "low")
+        assert router.book.footprint("low") == 3 * GiB  # above the 1 GiB declared: the declaration was low
+        await use(router, "plain")
+        assert router.book.footprint("plain") == 2 * GiB
+        assert router.model_extras("plain")["vram"]["source"] == "learned"
+    finally:
+        await router.shutdown()
+
+
+async def test_device_growth_is_not_learned_while_another_model_starts_too(tmp_path: Path) -> None:
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    reader = FakeReader(totals=(10 * GiB,), gpu_dir=gpu, per_process=False)
+    slow = model("slow", gpu, "3GiB", 1 * GiB, "--startup-delay", "3")  # still starting when quick is
+    quick = model("quick", gpu, "2GiB", 1 * GiB, "--startup-delay", "0.2")
+    router = vram_router(vram_config(tmp_path, slow, quick), reader)
+    try:
+        # Both fit (1 + 1 GiB declared of 10): they start in parallel, and the devices' growth over either
+        # start includes part of the other's, so neither is learned from it.
+        started = asyncio.create_task(use(router, "slow"))
+        await eventually_starting(router, "slow")
+        await use(router, "quick")
+        await started
+        assert router.book.footprint("slow") == 1 * GiB
+        assert router.book.footprint("quick") == 1 * GiB
+    finally:
+        await router.shutdown()
+
+
+async def eventually_starting(router: VramRouter, name: str) -> None:
+    async def starting() -> bool:
+        return router.processes[name].state is ProcessState.STARTING
+
+    await eventually(starting, within=10, what=f"{name} starting")
