@@ -28,6 +28,7 @@ Series (counters end in `_total`, histograms have `_bucket`/`_sum`/`_count`):
     llmswap_model_starts_total{model}                     llmswap_upstream_restarts_total{model}
     llmswap_upstream_unexpected_exits_total{model}        llmswap_model_start_failures_total{model}
     llmswap_rejections_total{reason}                      llmswap_info{version,router}
+    llmswap_websockets_open{model}
     llmswap_memory_total_bytes{device,name,reader}        llmswap_memory_used_bytes{device,name,reader}
     vram router only: llmswap_model_footprint_bytes{model}, llmswap_vram_budget_bytes{device},
                       llmswap_vram_in_use_bytes{device}
@@ -49,6 +50,7 @@ from llmswap.process.state import ProcessState
 from llmswap.router.base import BaseRouter, RouterStats, SwapFinished
 from llmswap.server.middleware import REQUEST_OBSERVERS, AccessRecord
 from llmswap.server.state import STATE, ServerState
+from llmswap.server.websocket import open_sockets
 
 log = logging.getLogger("llmswap.metrics")
 
@@ -241,6 +243,12 @@ class RouterCollector:
                                   failures)
         yield _counter("llmswap_rejections", "Requests refused or dropped by admission control", "reason",
                        rejected)
+
+        sockets = GaugeMetricFamily("llmswap_websockets_open", "Websockets being relayed to a model",
+                                    labels=("model",))
+        for model, count in sorted(open_sockets(server).per_model().items()):
+            sockets.add_metric((model,), count)
+        yield sockets
 
         yield from _footprints(router, models)
         yield from _memory(self.metrics.memory_reader())

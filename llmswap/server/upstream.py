@@ -148,7 +148,8 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str)
         url = proxy.upstream_url(peer.proxy, target.path, query)
         session = pool.session(f"peer:{peer.id}", peer.timeouts)
         return await websocket.relay(
-            request, url, session, extra_headers=extra, drop_headers=drop, error_prefix="peer proxy error",
+            request, url, session, model=f"{target.peer}/{target.model}", extra_headers=extra,
+            drop_headers=drop, error_prefix="peer proxy error",
         )
     note_model(request, target.model)
     config = server.config.models[target.model]
@@ -161,7 +162,8 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str)
                 request, 409,
                 f"model {target.model} is not loaded; ignored websocket requests cannot start it",
             )
-        return await websocket.relay(request, url, pool.session(target.model, config.timeouts))
+        session = pool.session(target.model, config.timeouts)
+        return await websocket.relay(request, url, session, model=target.model)
     try:
         priority = request_priority(request)
     except MalformedRequest as exc:
@@ -178,7 +180,7 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str)
             # The grant's config, not the one read above: a reload may have changed the model meanwhile.
             url = proxy.upstream_url(granted.config.proxy, target.path, query)
             session = pool.session(target.model, granted.config.timeouts)
-            return await websocket.relay(request, url, session)
+            return await websocket.relay(request, url, session, model=target.model)
     except SchedulerError as err:
         return scheduler_error_response(request, err)
 

@@ -27,7 +27,7 @@ from yarl import URL
 from llmswap.server.errors import error_response
 from llmswap.server.middleware import note_first_byte
 from llmswap.server.proxy import describe, outgoing_headers
-from llmswap.server.state import STATE
+from llmswap.server.state import STATE, ServerState
 
 log = logging.getLogger("llmswap.proxy")
 
@@ -44,17 +44,24 @@ CLOSE_TIMEOUT = 5.0  # seconds to wait for the other side's close frame before d
 SOCKETS_KEY = "websockets"  # ServerState.extras key of the open client sockets
 
 
-class OpenSockets(set[web.WebSocketResponse]):
-    """The client side of every socket being relayed, for closing them all at shutdown."""
+class OpenSockets(dict[web.WebSocketResponse, str]):
+    """The client side of every socket being relayed, with the model (or `<peer>/<model>`) it talks to:
+    for closing them all at shutdown, and for the open-sockets gauge."""
+
+    def per_model(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for model in self.values():
+            counts[model] = counts.get(model, 0) + 1
+        return counts
 
 
-def open_sockets(app: web.Application) -> OpenSockets:
-    return app[STATE].extra(SOCKETS_KEY, OpenSockets, OpenSockets)
+def open_sockets(server_state: ServerState) -> OpenSockets:
+    return server_state.extra(SOCKETS_KEY, OpenSockets, OpenSockets)
 
 
 async def close_open_sockets(app: web.Application) -> None:
     """`on_shutdown` hook: tell every client the server is going away; each relay then ends by itself."""
-    sockets = list(open_sockets(app))
+    sockets = list(open_sockets(app[STATE]))
     await asyncio.gather(*(_close(socket, GOING_AWAY) for socket in sockets), return_exceptions=True)
 
 
@@ -87,11 +94,13 @@ async def relay(
     url: URL,
     session: aiohttp.ClientSession,
     *,
+    model: str,
     extra_headers: Mapping[str, str] | None = None,
     drop_headers: Collection[str] = (),
     error_prefix: str = "upstream proxy error",
 ) -> web.StreamResponse:
-    """Open a websocket to `url` for this upgrade request and relay messages until either side closes.
+    """Open a websocket to `url` for this upgrade request and relay messages until either side closes;
+    `model` names what it talks to (for the gauge).
 
     A refused upgrade (the upstream answered anything but 101) or an unreachable upstream is a 502 in the
     error envelope, before the client's handshake completes."""
@@ -121,12 +130,12 @@ async def relay(
         )
         await client.prepare(request)
         note_first_byte(request)
-        sockets = open_sockets(request.app)
-        sockets.add(client)
+        sockets = open_sockets(request.app[STATE])
+        sockets[client] = model
         try:
             await _copy_until_closed(client, upstream)
         finally:
-            sockets.discard(client)
+            sockets.pop(client, None)
         return client
     finally:
         await upstream.close()

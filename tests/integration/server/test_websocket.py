@@ -39,12 +39,16 @@ async def test_socket_starts_the_model_and_relays_text_and_binary(serve_config, 
         assert greeting["protocol"] == "demo.v1" and socket.protocol == "demo.v1"
         assert greeting["headers"]["X-Trace"] == "abc"
         assert served.router.processes["m"].state is ProcessState.READY
+        async with http.get(served.at("/metrics")) as response:
+            assert 'llmswap_websockets_open{model="m"} 1.0' in await response.text()
         await socket.send_str("ping one")
         assert await socket.receive_str(timeout=10) == "m: ping one"
         await socket.send_bytes(b"\x00\x01\x02")
         assert await socket.receive_bytes(timeout=10) == b"\x02\x01\x00"
         assert in_flight(served, "m") == 1  # an open socket holds the model like a request
     await until_zero(served, "m")
+    async with http.get(served.at("/metrics")) as response:
+        assert "llmswap_websockets_open{" not in await response.text()
 
 
 async def until_zero(served, model: str) -> None:
