@@ -120,6 +120,8 @@ class QueueScheduler(ABC):
         self._positions: dict[HandlerRequest, int] = {}  # last position told to each queued waiter
         self._in_flight: dict[str, int] = {}  # granted and not yet ServeDone, per model
         self._granted: dict[HandlerRequest, float] = {}  # in flight: when each was granted
+        # Models in flight: when each became busy or last completed a request (the start of its next gap).
+        self._busy_mark: dict[str, float] = {}
         self._reserved: dict[str, int] = {}  # admitted and not yet finished, errored or cancelled
         self._key_reserved: dict[str, int] = {}  # the same, per API key that has a maxConcurrent
         self._stopping: dict[str, int] = {}  # unloads whose StopDone has not arrived, per model
@@ -224,7 +226,12 @@ class QueueScheduler(ABC):
             self._log.warning("%s: ServeDone for %s with nothing in flight for that request (ignored)",
                               self.name, ev.model)
             return
-        self.times.observe_service(ev.model, self._clock() - granted_at)
+        now = self._clock()
+        self.times.observe_service(ev.model, now - granted_at)
+        mark = self._busy_mark.get(ev.model)
+        if mark is not None:
+            self.times.observe_gap(ev.model, now - mark)
+        self._busy_mark[ev.model] = now
         self._release(ev.request)
         self._finished(ev.model)
         count = self._in_flight.get(ev.model, 0)
@@ -232,6 +239,7 @@ class QueueScheduler(ABC):
             self._in_flight[ev.model] = count - 1
             return  # still serving: nothing it blocked can move yet
         self._in_flight.pop(ev.model, None)
+        self._busy_mark.pop(ev.model, None)  # idle time is no part of any gap
         self._drain()
 
     def on_unload(self, ev: Unload) -> None:
@@ -466,8 +474,9 @@ class QueueScheduler(ABC):
     # ----------------------------------------------------------------------------- estimates
 
     def _expected_wait(self, model: str, ahead: Sequence[HandlerRequest]) -> float:
-        """Seconds until a request for `model` behind `ahead` would be served: their service, plus a load."""
-        wait = sum(self.times.service(r.model) for r in ahead)
+        """Seconds until a request for `model` behind `ahead` would be served: the time their models take
+        to get through them (parallel upstreams get through several at once), plus a load."""
+        wait = sum(self.times.per_request(r.model) for r in ahead)
         if self._would_wait(model):
             wait += self._load_remaining(model)
         return wait
@@ -513,6 +522,7 @@ class QueueScheduler(ABC):
         if self._effects.grant_serve(req, model):
             self._in_flight[model] = self._in_flight.get(model, 0) + 1
             self._granted[req] = self._clock()
+            self._busy_mark.setdefault(model, self._granted[req])
         else:
             self._release(req)  # the client left: no ServeDone will ever come for it
 

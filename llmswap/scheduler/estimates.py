@@ -7,18 +7,26 @@ clock; load time is `SwapDone.duration` of successful swaps. A model not observe
 to behave like the average of the models that were (same machine, similar servers); before any
 observation at all the defaults stand in: a 1 s service time reproduces llama-swap's constant
 `Retry-After: 1` until there is something better to say.
+
+How fast a queue drains is a third measure: the gaps between a model's completions while it is busy
+(the first gap counted from when it became busy). An upstream serving one request at a time completes
+one per service time; one serving four in parallel, about four per service time. Little's law puts it the
+same way: throughput is requests in flight over the time each spends. The mean gap over the last
+`GAP_WINDOW` completions is what each queued request ahead costs a newcomer.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 DEFAULT_SERVICE_TIME = 1.0  # seconds per request before any ServeDone of that model was seen
 DEFAULT_LOAD_TIME = 5.0  # seconds per load before any successful swap of that model was seen
 SMOOTHING = 0.3  # weight of the newest sample
+GAP_WINDOW = 32  # completions whose gaps make a model's drain rate: a few batches' worth of parallel ones
 DEVIATIONS = 4.0  # mean deviations a cautious ("upper") estimate adds, as TCP's retransmission timeout does
 
 
@@ -54,12 +62,25 @@ class ServiceTimes:
         self._default_load = default_load
         self._service: dict[str, Smoothed] = {}
         self._load: dict[str, Smoothed] = {}
+        self._gaps: dict[str, deque[float]] = {}
 
     def observe_service(self, model: str, seconds: float) -> None:
         self._entry(self._service, model, self._default_service).add(max(0.0, seconds))
 
     def observe_load(self, model: str, seconds: float) -> None:
         self._entry(self._load, model, self._default_load).add(max(0.0, seconds))
+
+    def observe_gap(self, model: str, seconds: float) -> None:
+        """A completion of `model`, `seconds` after its previous one (or after it became busy)."""
+        self._gaps.setdefault(model, deque(maxlen=GAP_WINDOW)).append(max(0.0, seconds))
+
+    def per_request(self, model: str) -> float:
+        """The expected seconds one queued request of `model` holds up those behind it: its mean gap
+        between completions once some were seen, until then its service time."""
+        gaps = self._gaps.get(model)
+        if gaps:
+            return sum(gaps) / len(gaps)
+        return self.service(model)
 
     def service(self, model: str) -> float:
         """The expected seconds one request of `model` is served."""
@@ -80,6 +101,8 @@ class ServiceTimes:
                 entry = theirs.get(model)
                 if entry is not None:
                     mine[model] = dataclasses.replace(entry)
+            if model in other._gaps:
+                self._gaps[model] = deque(other._gaps[model], maxlen=GAP_WINDOW)
 
     def observed(self, model: str) -> tuple[int, int]:
         """(service samples, load samples) seen for `model`: for logs and tests."""

@@ -233,6 +233,43 @@ def test_retry_after_is_the_queue_ahead_times_service_time_plus_the_load(kind):
     assert rejected_after(6) == 6 * 4.0 + 7.0
 
 
+def test_retry_after_follows_how_fast_a_parallel_upstream_gets_through_its_queue(kind):
+    times = measured({}, {"b": 7.0})
+    w = World(kind, admission=AdmissionConfig(max_queue_per_model=4), times=times)
+    # b serves four at once: granted together after its load, finished together 8 s later.
+    together = [w.req("b") for _ in range(4)]
+    w.effects.complete_swap(w.sched, "b", duration=7.0)
+    w.clock.advance(8.0)
+    for r in together:
+        w.effects.finish_serving(w.sched, r)
+    assert w.times.service("b") == 8.0
+    assert w.times.per_request("b") == 2.0  # completions 8, 0, 0 and 0 s apart: four per 8 s
+    w.advance(600.0)  # long idle: the batch scheduler no longer holds b for returning clients
+    w.busy_a()  # b is evicted; its next requests queue behind a
+    for _ in range(4):
+        w.req("b")
+    err = w.effects.error_of(w.req("b"))
+    assert isinstance(err, QueueFull)
+    assert err.retry_after == 4 * 2.0 + 7.0  # not 4 * 8.0 + 7.0: the four ahead drain in parallel
+
+
+def test_a_one_at_a_time_upstream_drains_one_request_per_service_time(kind):
+    w = World(kind, times=measured({}, {"a": 5.0}))
+    first, second = w.req("a"), w.req("a")
+    w.effects.complete_swap(w.sched, "a", duration=5.0)
+    # llama-server with one slot: both granted, but they finish one after the other.
+    w.clock.advance(3.0)
+    w.effects.finish_serving(w.sched, first)
+    w.clock.advance(3.0)
+    w.effects.finish_serving(w.sched, second)
+    assert w.times.per_request("a") == 3.0  # while service times were 3 and 6 s
+    w.clock.advance(60.0)  # idle time between busy spells is no gap
+    third = w.req("a")
+    w.clock.advance(3.0)
+    w.effects.finish_serving(w.sched, third)
+    assert w.times.per_request("a") == 3.0
+
+
 def test_retry_after_counts_only_what_is_left_of_a_load_in_progress(kind):
     times = measured({"a": 2.0}, {"a": 10.0})
     w = World(kind, admission=AdmissionConfig(max_queue_per_model=2), times=times)

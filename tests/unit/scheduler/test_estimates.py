@@ -15,7 +15,7 @@ from llmswap.scheduler.batch_plan import (
     latest_starts,
     urgency,
 )
-from llmswap.scheduler.estimates import ServiceTimes, Smoothed, retry_after
+from llmswap.scheduler.estimates import GAP_WINDOW, ServiceTimes, Smoothed, retry_after
 from llmswap.scheduler.idle import GRACE_DEFAULT, GRACE_MAX, GRACE_MIN, ClientGaps
 
 # ================================================================ estimates
@@ -61,6 +61,22 @@ def test_adopting_estimates_copies_only_the_named_models():
     assert new.observed("changed") == (0, 0)  # its config changed: what was learned may no longer hold
     old.observe_load("kept", 40.0)  # copies, not shared: the retiring scheduler keeps learning alone
     assert new.load("kept") == 20.0
+
+
+def test_per_request_cost_is_the_mean_gap_between_completions_over_a_window():
+    times = ServiceTimes(default_service=1.0)
+    assert times.per_request("a") == 1.0  # nothing seen: the service time stands in
+    times.observe_service("a", 6.0)
+    assert times.per_request("a") == 6.0
+    for gap in (6.0, 0.0, 0.0):  # three served at once
+        times.observe_gap("a", gap)
+    assert times.per_request("a") == 2.0
+    for _ in range(GAP_WINDOW):  # old gaps leave the window
+        times.observe_gap("a", 5.0)
+    assert times.per_request("a") == 5.0
+    adopted = ServiceTimes()
+    adopted.adopt(times, ["a"])
+    assert adopted.per_request("a") == 5.0
 
 
 def test_smoothed_deviation_tracks_spread():
