@@ -9,6 +9,7 @@ from aiohttp import web
 
 from llmswap.router.base import BaseRouter
 from llmswap.server.state import STATE, ServerState
+from llmswap.tasks import batch_http
 from llmswap.tasks import http as task_http
 from llmswap.tasks.http import TASKS_KEY, task_service
 from llmswap.tasks.service import TaskService
@@ -43,6 +44,7 @@ def create_app(server_state: ServerState) -> web.Application:
     upstream.setup(app)
     realtime.setup(app)
     task_http.setup(app)
+    batch_http.setup(app)
     metrics.setup(app)
     events.setup(app)
     ui.setup(app)

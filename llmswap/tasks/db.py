@@ -195,6 +195,29 @@ def insert_task(
         return cursor.lastrowid, True
 
 
+def insert_tasks(db_path: Path | str, tasks: list[tuple[str, int, Any]]) -> list[int]:
+    """Queue many (task_type, job_id, params) at once, in one transaction (no dedupe); their ids in order."""
+    texts = [(task_type, job_id, _params_text(task_type, params)) for task_type, job_id, params in tasks]
+    ids: list[int] = []
+    with connect(db_path) as conn:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for task_type, job_id, params_text in texts:
+                cursor = conn.execute(
+                    "INSERT INTO background_tasks (task_type, job_id, params, status, created_at)"
+                    " VALUES (?, ?, ?, 'queued', ?)",
+                    (task_type, job_id, params_text, now_text()),
+                )
+                assert cursor.lastrowid is not None
+                ids.append(cursor.lastrowid)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    return ids
+
+
 def update_task_status(
     db_path: Path | str, task_id: int, status: str, *, error: str | None = None, result: str | None = None
 ) -> None:
@@ -323,6 +346,20 @@ def queued_tasks(db_path: Path | str, task_types: frozenset[str] | set[str]) -> 
             f"SELECT {_COLUMNS} FROM background_tasks WHERE status = 'queued' AND task_type IN ({marks})"
             " ORDER BY created_at ASC, id ASC",
             tuple(sorted(task_types)),
+        ).fetchall()
+    return [_row(r) for r in records]
+
+
+def job_tasks(
+    db_path: Path | str, job_id: int, type_prefix: str, status: str | None = None
+) -> list[TaskRow]:
+    """The rows of one job whose task type starts with `type_prefix` (a batch's requests), oldest first."""
+    clause, args = (" AND status = ?", (_check_status(status).value,)) if status is not None else ("", ())
+    with connect(db_path) as conn:
+        records = conn.execute(
+            f"SELECT {_COLUMNS} FROM background_tasks"
+            f" WHERE job_id = ? AND substr(task_type, 1, ?) = ?{clause} ORDER BY id ASC",
+            (job_id, len(type_prefix), type_prefix, *args),
         ).fetchall()
     return [_row(r) for r in records]
 

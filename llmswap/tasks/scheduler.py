@@ -276,11 +276,14 @@ class TaskScheduler:
 
     # -- queueing -------------------------------------------------------------------------------------
 
-    def enqueue(self, task_id: int, task_type: str, job_id: int, params: Any = None) -> bool:
+    def enqueue(
+        self, task_id: int, task_type: str, job_id: int, params: Any = None, *, bounded: bool = True
+    ) -> bool:
         """Queue an LLM task whose row is already in the database; False when it was not queued.
 
         Past the max queue depth the task is dropped and its row failed "Queue depth limit reached",
-        so no row stays queued forever without a deque entry.
+        so no row stays queued forever without a deque entry. `bounded=False` skips that check, for work
+        whose size was bounded before it got here (the requests of an uploaded batch file).
         """
         if task_type not in self._llm_task_types:
             raise ValueError(
@@ -295,7 +298,7 @@ class TaskScheduler:
             if task_id in self._queued_ids:
                 return True
             queue = self._queues.setdefault(task_type, deque())
-            dropped = len(queue) >= self._max_queue_depth
+            dropped = bounded and len(queue) >= self._max_queue_depth
             if not dropped:
                 queue.append(TaskSpec(task_id, job_id, params))
                 self._queued_ids.add(task_id)

@@ -22,6 +22,8 @@ from typing import Any
 import aiohttp
 
 from llmswap.config.model import Config, TasksConfig
+from llmswap.tasks.batch_store import BATCH_TYPE_PREFIX, batch_types_queued, init_batch_tables
+from llmswap.tasks.batches import Batches
 from llmswap.tasks.db import (
     TaskRow,
     TaskStatus,
@@ -75,8 +77,8 @@ def endpoint_for(params: Mapping[str, Any]) -> str:
     )
 
 
-def plan_capacity(tasks: TasksConfig, router: Any) -> Capacity:
-    """Budgets per task type and the total they share.
+def plan_capacity(tasks: TasksConfig, router: Any, batch_types: Mapping[str, str] | None = None) -> Capacity:
+    """Budgets per task type (the configured ones, and `batch_types`: type -> model) and their total.
 
     Under the vram router the budgets are real: each type's `vram` (else its model's footprint) against
     the router's memory budget. Other routers cannot tell which models fit together, so types run one
@@ -84,13 +86,15 @@ def plan_capacity(tasks: TasksConfig, router: Any) -> Capacity:
     """
     book = getattr(router, "book", None)
     swapper_budgets = getattr(getattr(router, "swapper", None), "budgets", None)
+    extra = batch_types or {}
     if book is not None and swapper_budgets:
         budgets = {
             name: (t.vram if t.vram is not None else book.footprint(t.model)) / BYTES_PER_GB
             for name, t in tasks.types.items()
         }
+        budgets.update({name: book.footprint(model) / BYTES_PER_GB for name, model in extra.items()})
         return Capacity(budgets, sum(swapper_budgets.values()) / BYTES_PER_GB, "GB")
-    return Capacity({name: _ONE_BATCH for name in tasks.types}, _ONE_BATCH, "batch")
+    return Capacity({name: _ONE_BATCH for name in (*tasks.types, *extra)}, _ONE_BATCH, "batch")
 
 
 class TaskService:
@@ -118,22 +122,31 @@ class TaskService:
         self._session: aiohttp.ClientSession | None = None
         self._scheduler: TaskScheduler | None = None
         self._poller: asyncio.Task[None] | None = None
-        self._seen_lock = threading.Lock()
-        self.capacity = plan_capacity(self.tasks, router_of())
+        # Guards the task types and budgets: a reload changes them on the event loop, a batch being
+        # created adds its types from the thread it runs on.
+        self._types_lock = threading.Lock()
         self.enabled = True  # False after a reload dropped the `tasks:` section
+        # `batch:<model>` task types of the Batch API in use (type -> model): they outlive reloads.
+        self._batch_types: dict[str, str] = {}
+        self.capacity = plan_capacity(self.tasks, router_of())
+        self.batches = Batches(self)
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
         """Fail what a crash left running, reload what was queued, start the batch loop."""
         init_db(self.db)
+        init_batch_tables(self.db)
         interrupted = reset_running_tasks(self.db)
         if interrupted:
             log.warning("tasks: %d task(s) were running when llmswap stopped; marked failed", interrupted)
+        # Batches queued before a restart carry on: their types must be known before the rows load.
+        self._batch_types = {t: t[len(BATCH_TYPE_PREFIX):] for t in batch_types_queued(self.db)}
+        self.capacity = plan_capacity(self.tasks, self._router_of(), self._batch_types)
         self._scheduler = TaskScheduler(
             self.db,
             make_run_task(fallback=self._handle),
-            llm_task_types=self.tasks.types.keys(),
+            llm_task_types=self._all_types(),
             budgets=self.capacity.budgets,
             available_vram=self.capacity.available,
             max_queue_depth=self.tasks.max_queue_depth,
@@ -157,19 +170,45 @@ class TaskService:
                 log.error("tasks: tasks.db changed from %s to %s; that takes a restart, the queue keeps "
                           "using %s", self.db, tasks.db, self.db)
                 tasks = dataclasses.replace(tasks, db=self.db)
-        capacity = plan_capacity(tasks, self._router_of())
-        if tasks == self.tasks and capacity == self.capacity:
-            return
-        self.tasks, self.capacity = tasks, capacity
-        self.scheduler.reconfigure(
-            llm_task_types=tasks.types.keys(),
-            budgets=capacity.budgets,
-            available_vram=capacity.available,
-            max_queue_depth=tasks.max_queue_depth,
-        )
+        with self._types_lock:
+            capacity = plan_capacity(tasks, self._router_of(), self._batch_types)
+            if tasks == self.tasks and capacity == self.capacity:
+                return
+            self.tasks, self.capacity = tasks, capacity
+            self._apply_types()
         if self.enabled:
             log.info("tasks: reconfigured: types %s, priority %d, %s", sorted(tasks.types), tasks.priority,
                      _capacity_text(capacity))
+
+    def add_batch_types(self, types: Mapping[str, str]) -> None:
+        """Make `batch:<model>` types (type -> model) known to the scheduler, with budgets like any type."""
+        with self._types_lock:
+            new = {name: model for name, model in types.items() if name not in self._batch_types}
+            if not new:
+                return
+            self._batch_types.update(new)
+            self.capacity = plan_capacity(self.tasks, self._router_of(), self._batch_types)
+            self._apply_types()
+
+    def _all_types(self) -> list[str]:
+        return [*self.tasks.types, *self._batch_types]
+
+    def _apply_types(self) -> None:
+        self.scheduler.reconfigure(
+            llm_task_types=self._all_types(),
+            budgets=self.capacity.budgets,
+            available_vram=self.capacity.available,
+            max_queue_depth=self.tasks.max_queue_depth,
+        )
+
+    def router_of(self) -> Any:
+        return self._router_of()
+
+    def http_session(self) -> aiohttp.ClientSession:
+        """One session for every request a task sends (made on the event loop, on first use)."""
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
 
     async def shutdown(self) -> None:
         if self._poller is not None:
@@ -234,16 +273,23 @@ class TaskService:
                 # A reload may have dropped the row's type while the database was read.
                 if row.id not in pending and self.scheduler.handles(row.task_type):
                     self.scheduler.enqueue(row.id, row.task_type, row.job_id, row.params)
+            try:
+                await asyncio.to_thread(self.batches.tick)
+            except Exception:
+                log.exception("tasks: checking the batches in %s failed", self.db)
 
     # ------------------------------------------------------------------ running one task (worker thread)
 
-    def _handle(self, row: TaskRow) -> str:
+    def _handle(self, row: TaskRow) -> Any:
         future = asyncio.run_coroutine_threadsafe(self._run(row), self._loop)
         return future.result()
 
-    async def _run(self, row: TaskRow) -> str:
+    async def _run(self, row: TaskRow) -> Any:
         from llmswap.server.filters import apply_plan
         from llmswap.server.inference import local_plan
+
+        if row.task_type.startswith(BATCH_TYPE_PREFIX):
+            return await self.batches.run(row)
 
         task_type = self.tasks.types.get(row.task_type)
         if task_type is None:
@@ -257,9 +303,7 @@ class TaskService:
         router = self._router_of()
         async with router.acquire(task_type.model, priority=self.tasks.priority) as process:
             body, _ = apply_plan(body, local_plan(process.config, requested))
-            session = self._session or aiohttp.ClientSession()
-            self._session = session
-            async with session.post(process.config.proxy.rstrip("/") + path, json=body) as resp:
+            async with self.http_session().post(process.config.proxy.rstrip("/") + path, json=body) as resp:
                 text = await resp.text()
                 if resp.status != 200:
                     raise TaskError(f"{task_type.model} answered {resp.status}: {text[:500]}")

@@ -318,6 +318,10 @@ def test_max_queue_depth_marks_failed(
     assert dropped.error == QUEUE_FULL_ERROR
     # the limit is per type: another type still has room
     assert queue_task(scheduler, "company_research") in scheduler.pending_ids("company_research")
+    # work whose size was bounded before (a batch file's requests) is not held to it
+    unbounded_id, _ = insert_task(db, "cover_letter", 0, dedupe=False)
+    assert scheduler.enqueue(unbounded_id, "cover_letter", 0, None, bounded=False)
+    assert scheduler.pending_ids("cover_letter") == (*kept, unbounded_id)
 
 
 def test_missing_budget_logs_warning(

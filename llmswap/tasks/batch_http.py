@@ -1,0 +1,213 @@
+"""OpenAI's Files and Batches routes over the task queue (`batches.py`); the official clients work as-is.
+
+    POST /v1/files (multipart: file, purpose=batch) · GET /v1/files · GET /v1/files/{id}
+    GET /v1/files/{id}/content · DELETE /v1/files/{id}
+    POST /v1/batches {input_file_id, endpoint, completion_window, metadata?} · GET /v1/batches
+    GET /v1/batches/{id} · POST /v1/batches/{id}/cancel
+
+They need the `tasks:` section (its database holds files and batches); without it they answer 404 saying
+so. Database work runs on a thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from llmswap.server.errors import error_response
+from llmswap.server.middleware import too_large_message
+from llmswap.server.state import state
+from llmswap.tasks import batch_store as store
+from llmswap.tasks.batches import BatchRequestError
+from llmswap.tasks.http import task_service
+from llmswap.tasks.service import TaskService
+
+MAX_LIST = 100
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_post("/v1/files", upload)
+    app.router.add_get("/v1/files", list_files)
+    app.router.add_get("/v1/files/{file_id}", show_file)
+    app.router.add_get("/v1/files/{file_id}/content", file_content)
+    app.router.add_delete("/v1/files/{file_id}", delete_file)
+    app.router.add_post("/v1/batches", create_batch)
+    app.router.add_get("/v1/batches", list_batches)
+    app.router.add_get("/v1/batches/{batch_id}", show_batch)
+    app.router.add_post("/v1/batches/{batch_id}/cancel", cancel_batch)
+
+
+class _Refused(Exception):
+    def __init__(self, response: web.Response) -> None:
+        self.response = response
+
+
+def _service(request: web.Request) -> TaskService:
+    service = task_service(state(request))
+    if service is None:
+        raise _Refused(error_response(
+            request, 404, "the Batch API needs the task queue: add a `tasks:` section (with its `db`, which "
+            "holds files and batches) to the config", force_json=True,
+        ))
+    return service
+
+
+def _refusals(handler: Any) -> Any:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except _Refused as refused:
+            return refused.response
+        except BatchRequestError as exc:
+            return error_response(request, exc.status, exc.message, force_json=True)
+
+    handle.__name__ = handler.__name__
+    return handle
+
+
+def _limit(request: web.Request, default: int) -> int:
+    text = request.query.get("limit", str(default))
+    try:
+        limit = int(text)
+    except ValueError:
+        raise _Refused(error_response(request, 400, f"limit must be an integer, got {text!r}",
+                                      force_json=True)) from None
+    if not 1 <= limit <= MAX_LIST:
+        raise _Refused(error_response(request, 400, f"limit must be between 1 and {MAX_LIST}, got {limit}",
+                                      force_json=True))
+    return limit
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+@_refusals
+async def upload(request: web.Request) -> web.Response:
+    service = _service(request)
+    limit = state(request).config.max_request_body
+    if request.content_length is not None and request.content_length > limit:
+        return error_response(request, 413, too_large_message(limit), force_json=True)
+    if not request.content_type.startswith("multipart/"):
+        return error_response(request, 400, "upload the file as multipart/form-data with fields `file` and "
+                              "`purpose`", force_json=True)
+    fields: dict[str, str] = {}
+    content: bytes | None = None
+    filename = ""
+    reader = await request.multipart()
+    async for part in reader:
+        if not isinstance(part, aiohttp.BodyPartReader) or part.name is None:
+            continue
+        data = bytearray()
+        while chunk := await part.read_chunk():
+            data += chunk
+            if len(data) > limit:
+                return error_response(request, 413, too_large_message(limit), force_json=True)
+        if part.name == "file":
+            content, filename = bytes(data), part.filename or ""
+        else:
+            fields[part.name] = data.decode("utf-8", errors="replace")
+    if content is None:
+        return error_response(request, 400, "the form has no `file` field", force_json=True)
+    stored = await asyncio.to_thread(service.batches.upload, filename, fields.get("purpose", ""), content)
+    return web.json_response(stored.as_openai())
+
+
+@_refusals
+async def list_files(request: web.Request) -> web.Response:
+    service = _service(request)
+    limit = _limit(request, MAX_LIST)
+    files = await asyncio.to_thread(store.list_files, service.db, request.query.get("purpose"), limit)
+    return web.json_response({"object": "list", "data": [f.as_openai() for f in files], "has_more": False})
+
+
+async def _file(request: web.Request, service: TaskService) -> store.StoredFile:
+    file_id = request.match_info["file_id"]
+    stored = await asyncio.to_thread(store.get_file, service.db, file_id)
+    if stored is None:
+        raise _Refused(error_response(request, 404, f"no file {file_id!r}", force_json=True))
+    return stored
+
+
+@_refusals
+async def show_file(request: web.Request) -> web.Response:
+    service = _service(request)
+    return web.json_response((await _file(request, service)).as_openai())
+
+
+@_refusals
+async def file_content(request: web.Request) -> web.Response:
+    service = _service(request)
+    stored = await _file(request, service)
+    content = await asyncio.to_thread(store.file_content, service.db, stored.id)
+    return web.Response(body=content or b"", content_type="application/octet-stream",
+                        headers={"Content-Disposition": f'attachment; filename="{stored.filename}"'})
+
+
+@_refusals
+async def delete_file(request: web.Request) -> web.Response:
+    service = _service(request)
+    stored = await _file(request, service)
+    await asyncio.to_thread(store.delete_file, service.db, stored.id)
+    return web.json_response({"id": stored.id, "object": "file", "deleted": True})
+
+
+# ---------------------------------------------------------------------------------------------- batches
+
+
+@_refusals
+async def create_batch(request: web.Request) -> web.Response:
+    service = _service(request)
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError):
+        return error_response(request, 400, "body must be JSON: {\"input_file_id\", \"endpoint\", "
+                              "\"completion_window\"}", force_json=True)
+    if not isinstance(body, dict):
+        return error_response(request, 400, "body must be a JSON object", force_json=True)
+    for field in ("input_file_id", "endpoint", "completion_window"):
+        if not isinstance(body.get(field), str):
+            return error_response(request, 400, f"{field} is required (a string)", force_json=True)
+    view = await asyncio.to_thread(
+        service.batches.create, state(request).config, input_file_id=body["input_file_id"],
+        endpoint=body["endpoint"], completion_window=body["completion_window"], metadata=body.get("metadata"),
+    )
+    return web.json_response(view.as_openai())
+
+
+@_refusals
+async def list_batches(request: web.Request) -> web.Response:
+    service = _service(request)
+    limit = _limit(request, 20)
+    # One more than asked for tells whether there is a next page.
+    after = request.query.get("after")
+    views = await asyncio.to_thread(service.batches.listing, after=after, limit=limit + 1)
+    page = views[:limit]
+    return web.json_response({
+        "object": "list", "data": [v.as_openai() for v in page],
+        "first_id": page[0].batch.id if page else None, "last_id": page[-1].batch.id if page else None,
+        "has_more": len(views) > limit,
+    })
+
+
+@_refusals
+async def show_batch(request: web.Request) -> web.Response:
+    service = _service(request)
+    batch_id = request.match_info["batch_id"]
+    view = await asyncio.to_thread(service.batches.get, batch_id)
+    if view is None:
+        return error_response(request, 404, f"no batch {batch_id!r}", force_json=True)
+    return web.json_response(view.as_openai())
+
+
+@_refusals
+async def cancel_batch(request: web.Request) -> web.Response:
+    service = _service(request)
+    batch_id = request.match_info["batch_id"]
+    view = await asyncio.to_thread(service.batches.cancel, batch_id)
+    if view is None:
+        return error_response(request, 404, f"no batch {batch_id!r}", force_json=True)
+    return web.Response(text=json.dumps(view.as_openai()), content_type="application/json")

@@ -1,0 +1,125 @@
+"""The Batch API's pure parts (input parsing, output records) and its tables, on a real SQLite file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llmswap.tasks import batch_store as store
+from llmswap.tasks.batch_input import answered, jsonl, parse_input, unanswered
+from llmswap.tasks.batches import _record
+from llmswap.tasks.db import (
+    CANCELLED_ERROR,
+    INTERRUPTED_ERROR,
+    TaskStatus,
+    claim_task,
+    fail_unfinished_task,
+    finish_task,
+    get_task,
+    insert_tasks,
+    job_tasks,
+)
+
+CHAT = "/v1/chat/completions"
+
+
+def line(custom_id: object, model: object = "m", url: str = CHAT, method: str = "POST") -> str:
+    return json.dumps({"custom_id": custom_id, "method": method, "url": url,
+                       "body": {"model": model, "messages": []}})
+
+
+def test_parse_input_reads_every_request_in_order() -> None:
+    content = f"{line('a')}\n\n{line('b', 'other')}\n".encode()
+    lines, errors = parse_input(content, CHAT)
+    assert errors == []
+    assert [(x.line, x.custom_id, x.model) for x in lines] == [(1, "a", "m"), (3, "b", "other")]
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "param"),
+    [
+        ("{oops", "invalid_json_line", None),
+        ("[1, 2]", "invalid_request", None),
+        (line(""), "missing_required_parameter", "custom_id"),
+        (line("x", method="GET"), "invalid_method", "method"),
+        (line("x", url="/v1/embeddings"), "mismatched_endpoint", "url"),
+        (json.dumps({"custom_id": "x", "url": CHAT, "body": "text"}), "invalid_request", "body"),
+        (line("x", model=None), "missing_required_parameter", "body.model"),
+    ],
+)
+def test_parse_input_names_what_is_wrong_with_a_line(text: str, code: str, param: str | None) -> None:
+    lines, errors = parse_input(text.encode(), CHAT)
+    assert lines == []
+    assert [(e.line, e.code, e.param) for e in errors] == [(1, code, param)]
+
+
+def test_parse_input_refuses_duplicates_empty_files_and_non_utf8() -> None:
+    _, errors = parse_input(f"{line('a')}\n{line('a')}\n".encode(), CHAT)
+    assert [(e.line, e.code) for e in errors] == [(2, "duplicate_custom_id")]
+    assert [e.code for e in parse_input(b"\n \n", CHAT)[1]] == ["empty_file"]
+    assert [e.code for e in parse_input(b"\xff\xfe", CHAT)[1]] == ["invalid_file"]
+
+
+def test_output_records_have_openais_shape() -> None:
+    ok = answered("a", 7, 200, {"x": 1})
+    assert ok == {"id": "batch_req_7", "custom_id": "a", "error": None,
+                  "response": {"status_code": 200, "request_id": "req_7", "body": {"x": 1}}}
+    lost = unanswered("b", 8, "batch_cancelled", "gone")
+    assert lost["response"] is None and lost["error"] == {"code": "batch_cancelled", "message": "gone"}
+    assert jsonl([ok, lost]).decode().splitlines() == [json.dumps(ok, separators=(",", ":")),
+                                                       json.dumps(lost, separators=(",", ":"))]
+
+
+def test_request_counts_and_records_follow_each_rows_outcome(db: Path) -> None:
+    store.init_batch_tables(db)
+    batch = store.add_batch(db, endpoint=CHAT, input_file_id="file-x", completion_window="24h",
+                            expires_at=0, metadata=None, total=6, status="in_progress")
+    params = [{"custom_id": f"r{i}", "url": CHAT, "model": "m", "body": {}} for i in range(6)]
+    ids = insert_tasks(db, [("batch:m", batch.seq, p) for p in params])
+    insert_tasks(db, [("letters", batch.seq, None)])  # another type with the same job id is not the batch's
+    outcomes = [({"status_code": 200, "body": {}}, None), ({"status_code": 429, "body": "busy"}, None),
+                (None, CANCELLED_ERROR), (None, INTERRUPTED_ERROR), (None, "model_not_found: no model 'q'")]
+    for task_id, (result, error) in zip(ids, outcomes, strict=False):
+        if result is not None:
+            claim_task(db, task_id)
+            finish_task(db, task_id, TaskStatus.COMPLETED, result=json.dumps(result))
+        else:
+            fail_unfinished_task(db, task_id, error)
+    counts = store.request_counts(db, batch.seq, 6)
+    assert (counts.completed, counts.failed, counts.pending) == (1, 4, 1)  # the 429 counts as failed
+    assert counts.as_openai() == {"total": 6, "completed": 1, "failed": 4}
+
+    rows = job_tasks(db, batch.seq, store.BATCH_TYPE_PREFIX)
+    assert [r.id for r in rows] == ids
+    made = [_record(r) for r in rows[:5]]
+    assert [ok for _, ok in made] == [True, False, False, False, False]
+    assert made[1][0]["response"]["status_code"] == 429
+    assert [r["error"]["code"] for r, _ in made[2:]] == ["batch_cancelled", "interrupted", "model_not_found"]
+    assert made[4][0]["error"]["message"] == "no model 'q'"
+    assert store.batch_types_queued(db) == {"batch:m"}
+
+
+def test_batch_status_moves_only_from_the_expected_ones(db: Path) -> None:
+    store.init_batch_tables(db)
+    batch = store.add_batch(db, endpoint=CHAT, input_file_id="file-x", completion_window="24h",
+                            expires_at=0, metadata={"k": "v"}, total=1, status="in_progress")
+    assert not store.set_batch_status(db, batch.id, "completed", expect=("cancelling",))
+    assert store.set_batch_status(db, batch.id, "cancelling", expect=("in_progress",))
+    assert store.set_batch_status(db, batch.id, "cancelled", expect=("cancelling",), error_file_id="file-e")
+    stored = store.get_batch(db, batch.id)
+    assert stored is not None and stored.final and stored.error_file_id == "file-e"
+    assert stored.times["cancelling_at"] is not None and stored.times["cancelled_at"] is not None
+    assert stored.metadata == {"k": "v"}
+    assert store.unfinished_batches(db) == []
+    assert get_task(db, 1) is None
+
+
+def test_files_keep_their_bytes(db: Path) -> None:
+    store.init_batch_tables(db)
+    kept = store.add_file(db, "in.jsonl", "batch", b"\x00binary\n")
+    assert store.file_content(db, kept.id) == b"\x00binary\n"
+    assert store.get_file(db, kept.id) == kept and kept.as_openai()["bytes"] == 8
+    assert [f.id for f in store.list_files(db, "batch")] == [kept.id]
+    assert store.delete_file(db, kept.id) and store.file_content(db, kept.id) is None
