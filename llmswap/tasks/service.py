@@ -4,7 +4,8 @@ The TaskScheduler keeps its threaded design (batch workers per type, deepest que
 handler hops onto the server's event loop and sends the task's params (an OpenAI request body) through
 `router.acquire`, so tasks share swapping, queueing and priorities with HTTP traffic (at
 `tasks.priority`, below interactive requests by default). Rows written by the CLI while the server runs
-are picked up by a poll of the database.
+are picked up by a poll of the database. The OpenAI Batch API (`batches.py`) adds `batch:<model>` types
+beside the configured ones, and the same poll finishes the batches whose requests are all done.
 """
 
 from __future__ import annotations
