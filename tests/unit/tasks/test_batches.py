@@ -17,7 +17,6 @@ from llmswap.tasks.db import (
     claim_task,
     fail_unfinished_task,
     finish_task,
-    get_task,
     insert_tasks,
     job_tasks,
 )
@@ -113,7 +112,6 @@ def test_batch_status_moves_only_from_the_expected_ones(db: Path) -> None:
     assert stored.times["cancelling_at"] is not None and stored.times["cancelled_at"] is not None
     assert stored.metadata == {"k": "v"}
     assert store.unfinished_batches(db) == []
-    assert get_task(db, 1) is None
 
 
 def test_files_keep_their_bytes(db: Path) -> None:
