@@ -52,6 +52,8 @@ CREATE TABLE IF NOT EXISTS batches (
     metadata          TEXT,
     total             INTEGER NOT NULL DEFAULT 0
 );
+-- A batch's requests are found by job id on every poll: without an index that is a scan of every task.
+CREATE INDEX IF NOT EXISTS idx_background_tasks_job ON background_tasks (job_id, task_type);
 """
 
 # Statuses after which a batch never changes again.
