@@ -223,8 +223,10 @@ async def test_request_priority_orders_the_queue(
     slow = demo_config("a", "--tokens-per-second", "20")
     served = await serve_config(exclusive_config(slow, demo_config("b"), demo_config("c"), api_keys=keys))
     swaps: list[str] = []
+    seen: list[str] = []  # everything the router reported, for the failure message
 
     def record(item: object) -> None:
+        seen.append(repr(item))
         if isinstance(item, SwapStarted):
             swaps.append(item.plan.model)
 
@@ -247,4 +249,4 @@ async def test_request_priority_orders_the_queue(
     await until(lambda: served.router.snapshot().waiting.get("c", 0) == 1, what="c waiting")
     hold.cancel()
     await asyncio.gather(first, later)
-    assert swaps == ["a", "c", "b"]
+    assert swaps == ["a", "c", "b"], "router events:\n" + "\n".join(seen)
