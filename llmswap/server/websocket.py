@@ -41,6 +41,10 @@ _HANDSHAKE_HEADERS = (
 )
 GOING_AWAY = 1001
 CLOSE_TIMEOUT = 5.0  # seconds to wait for the other side's close frame before dropping the connection
+# Seconds between pings on each leg. A peer that vanished without closing (a laptop lid, a cut link)
+# answers none, and its socket is closed after half this more: an open socket holds its model loaded,
+# so a dead one must not hold it for ever.
+HEARTBEAT = 30.0
 SOCKETS_KEY = "websockets"  # ServerState.extras key of the open client sockets
 
 
@@ -113,7 +117,7 @@ async def relay(
     )
     try:
         upstream = await session.ws_connect(
-            url, headers=headers, protocols=protocols, max_msg_size=0, autoping=True,
+            url, headers=headers, protocols=protocols, max_msg_size=0, autoping=True, heartbeat=HEARTBEAT,
             timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=CLOSE_TIMEOUT),
         )
     except aiohttp.WSServerHandshakeError as exc:
@@ -126,7 +130,7 @@ async def relay(
     try:
         client = web.WebSocketResponse(
             protocols=(upstream.protocol,) if upstream.protocol else (),
-            max_msg_size=0, autoping=True, timeout=CLOSE_TIMEOUT,
+            max_msg_size=0, autoping=True, timeout=CLOSE_TIMEOUT, heartbeat=HEARTBEAT,
         )
         await client.prepare(request)
         note_first_byte(request)

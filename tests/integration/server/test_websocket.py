@@ -12,6 +12,7 @@ import pytest
 
 from llmswap.config.model import PeerConfig
 from llmswap.process.state import ProcessState
+from llmswap.server import websocket
 from tests.helpers.demo import running_demo
 from tests.helpers.models import demo_config, exclusive_config
 from tests.integration.server.conftest import until
@@ -182,3 +183,25 @@ async def test_realtime_refusals(serve_config, http, query, upgrade, status, mes
         assert response.status == status
         assert (await response.json())["error"]["message"].startswith(message)
     assert served.router.processes["chat"].state is ProcessState.STOPPED
+
+
+async def test_a_client_that_vanished_without_closing_stops_holding_its_model(
+    serve_config, monkeypatch: pytest.MonkeyPatch
+):
+    # A raw connection that completes the handshake and then answers nothing, not even pings: a peer
+    # gone without a FIN. The heartbeat closes the socket, which frees the model.
+    monkeypatch.setattr(websocket, "HEARTBEAT", 0.3)
+    served = await serve_config(exclusive_config(demo_config("m")))
+    host, port = served.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        f"GET /upstream/m/ws HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".encode()
+    )
+    await writer.drain()
+    try:
+        assert (await reader.readline()).startswith(b"HTTP/1.1 101")
+        await until(lambda: in_flight(served, "m") == 1, what="the silent socket in flight")
+        await until_zero(served, "m")  # its pings went unanswered
+    finally:
+        writer.close()
