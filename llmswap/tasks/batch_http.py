@@ -12,7 +12,7 @@ so. Database work runs on a thread, never on the event loop.
 from __future__ import annotations
 
 import asyncio
-import json
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -22,7 +22,7 @@ from llmswap.server.errors import error_response
 from llmswap.server.middleware import too_large_message
 from llmswap.server.state import state
 from llmswap.tasks import batch_store as store
-from llmswap.tasks.batches import BatchRequestError
+from llmswap.tasks.batches import BatchRequestError, BatchView
 from llmswap.tasks.http import task_service
 from llmswap.tasks.service import TaskService
 
@@ -196,18 +196,19 @@ async def list_batches(request: web.Request) -> web.Response:
 @_refusals
 async def show_batch(request: web.Request) -> web.Response:
     service = _service(request)
-    batch_id = request.match_info["batch_id"]
-    view = await asyncio.to_thread(service.batches.get, batch_id)
-    if view is None:
-        return error_response(request, 404, f"no batch {batch_id!r}", force_json=True)
-    return web.json_response(view.as_openai())
+    return await _one_batch(request, service.batches.get)
 
 
 @_refusals
 async def cancel_batch(request: web.Request) -> web.Response:
     service = _service(request)
+    return await _one_batch(request, service.batches.cancel)
+
+
+async def _one_batch(request: web.Request, action: Callable[[str], BatchView | None]) -> web.Response:
+    """Run `action` on the batch the path names (off the loop); the batch, or 404."""
     batch_id = request.match_info["batch_id"]
-    view = await asyncio.to_thread(service.batches.cancel, batch_id)
+    view = await asyncio.to_thread(action, batch_id)
     if view is None:
         return error_response(request, 404, f"no batch {batch_id!r}", force_json=True)
-    return web.Response(text=json.dumps(view.as_openai()), content_type="application/json")
+    return web.json_response(view.as_openai())
