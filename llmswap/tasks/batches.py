@@ -8,8 +8,9 @@ interactive traffic, and the vram router's budget when it is in use. Requests of
 one file (OpenAI allows one model per file): each model's requests are batched on their own.
 
 The poll loop (`tick`, about once a second) watches unfinished batches: once none of a batch's requests is
-queued or running it writes the output and error files and marks the batch completed (or cancelled).
-llmswap does not expire batches: `expires_at` is reported, but a batch runs to its end.
+queued or running it writes the output and error files and marks the batch completed (or cancelled). A
+batch still running at its `expires_at` (the 24 h completion window) has its queued requests dropped: the
+running ones finish, and it ends `expired` with the dropped ones in its error file, as OpenAI's do.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ log = logging.getLogger("llmswap.tasks.batches")
 
 PURPOSES = ("batch",)  # what may be uploaded; llmswap writes `batch_output` files itself
 _MODEL_NOT_FOUND = "model_not_found"
+EXPIRED_ERROR = "batch expired"  # the error of a request dropped when its batch's window ran out
 
 
 class BatchRequestError(Exception):
@@ -161,9 +163,7 @@ class Batches:
         if batch.final or batch.status == "cancelling":
             return self.view(batch)
         store.set_batch_status(self.db, batch_id, "cancelling", expect=("validating", "in_progress"))
-        for row in job_tasks(self.db, batch.seq, store.BATCH_TYPE_PREFIX, TaskStatus.QUEUED.value):
-            if cancel_task(self.db, row.id):
-                self.service.scheduler.discard(row.id)
+        self._drop_queued(batch, CANCELLED_ERROR)
         self.tick()  # with nothing running it is cancelled at once
         return self.get(batch_id)
 
@@ -178,19 +178,29 @@ class Batches:
                 except Exception:
                     log.exception("batch %s: finishing it failed; retrying on the next tick", batch.id)
 
+    def _drop_queued(self, batch: store.StoredBatch, error: str) -> None:
+        for row in job_tasks(self.db, batch.seq, store.BATCH_TYPE_PREFIX, TaskStatus.QUEUED.value):
+            if cancel_task(self.db, row.id, error=error):
+                self.service.scheduler.discard(row.id)
+
     def _finish_if_done(self, batch: store.StoredBatch) -> None:
+        expires_at = batch.times.get("expires_at")
+        if batch.status == "in_progress" and expires_at is not None and store.now_seconds() >= expires_at:
+            self._drop_queued(batch, EXPIRED_ERROR)
         if store.request_counts(self.db, batch.seq, batch.total).pending:
             return
         outputs: list[dict[str, Any]] = []
         errors: list[dict[str, Any]] = []
+        expired = False
         for row in job_tasks(self.db, batch.seq, store.BATCH_TYPE_PREFIX):
             record, ok = _record(row)
             (outputs if ok else errors).append(record)
+            expired = expired or row.error == EXPIRED_ERROR
         output = store.add_file(self.db, f"{batch.id}_output.jsonl", "batch_output", jsonl(outputs)) \
             if outputs else None
         error = store.add_file(self.db, f"{batch.id}_error.jsonl", "batch_output", jsonl(errors)) \
             if errors else None
-        final = "cancelled" if batch.status == "cancelling" else "completed"
+        final = "cancelled" if batch.status == "cancelling" else "expired" if expired else "completed"
         store.set_batch_status(self.db, batch.id, final, expect=(batch.status,),
                                output_file_id=output.id if output else None,
                                error_file_id=error.id if error else None)
@@ -234,6 +244,9 @@ def _record(row: TaskRow) -> tuple[dict[str, Any], bool]:
     if error == CANCELLED_ERROR:
         message = "the batch was cancelled before this request ran"
         return unanswered(custom_id, row.id, "batch_cancelled", message), False
+    if error == EXPIRED_ERROR:
+        message = "the batch's completion window ran out before this request ran"
+        return unanswered(custom_id, row.id, "batch_expired", message), False
     if error == INTERRUPTED_ERROR:
         return unanswered(custom_id, row.id, "interrupted", "llmswap stopped while this request ran"), False
     if error.startswith(f"{_MODEL_NOT_FOUND}: "):

@@ -281,13 +281,13 @@ def fail_unfinished_task(db_path: Path | str, task_id: int, error: str) -> bool:
     return cursor.rowcount == 1
 
 
-def cancel_task(db_path: Path | str, task_id: int) -> bool:
-    """A queued task -> failed "cancelled"; False when it is running, finished or unknown."""
+def cancel_task(db_path: Path | str, task_id: int, *, error: str = CANCELLED_ERROR) -> bool:
+    """A queued task -> failed `error` ("cancelled"); False when it is running, finished or unknown."""
     with connect(db_path) as conn:
         cursor = conn.execute(
             "UPDATE background_tasks SET status = 'failed', error = ?, finished_at = ?"
             " WHERE id = ? AND status = 'queued'",
-            (CANCELLED_ERROR, now_text(), task_id),
+            (error, now_text(), task_id),
         )
     return cursor.rowcount == 1
 

@@ -4,6 +4,7 @@ requests batched model by model, answers in output and error files, invalid file
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,29 @@ async def test_cancelling_a_batch_stops_its_queued_requests(
     assert batch.request_counts.failed >= 4  # at most the one already running was answered
     errors = await records(openai, batch.error_file_id)
     assert {r["error"]["code"] for r in errors.values()} == {"batch_cancelled"}
+
+
+async def test_a_batch_past_its_window_expires_with_what_it_did_not_run(
+    tmp_path: Path, serve_config: ServeConfig
+) -> None:
+    config = batch_config(tmp_path, "--tokens-per-second", "10")
+    served = await serve_config(config)
+    openai = client(served)
+    file_id = await upload(openai, *(request_line(f"req-{i}", "a") for i in range(5)))
+    batch = await openai.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                        completion_window="24h")
+    assert batch.expires_at is not None and batch.expires_at - batch.created_at == 24 * 3600
+    # A day passes, as far as the batch knows.
+    assert config.tasks is not None
+    with sqlite3.connect(config.tasks.db) as db:
+        db.execute("UPDATE batches SET expires_at = 0 WHERE id = ?", (batch.id,))
+    batch = await finished(openai, batch.id, "expired")
+    assert batch.expired_at is not None and batch.request_counts is not None
+    assert batch.request_counts.completed + batch.request_counts.failed == 5
+    errors = await records(openai, batch.error_file_id)
+    assert errors and {r["error"]["code"] for r in errors.values()} == {"batch_expired"}
+    outputs = await records(openai, batch.output_file_id)
+    assert sorted([*outputs, *errors]) == [f"req-{i}" for i in range(5)]
 
 
 async def test_a_batch_carries_on_after_a_restart(tmp_path: Path) -> None:

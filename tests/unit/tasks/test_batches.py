@@ -9,7 +9,7 @@ import pytest
 
 from llmswap.tasks import batch_store as store
 from llmswap.tasks.batch_input import answered, jsonl, parse_input, unanswered
-from llmswap.tasks.batches import _record
+from llmswap.tasks.batches import EXPIRED_ERROR, _record
 from llmswap.tasks.db import (
     CANCELLED_ERROR,
     INTERRUPTED_ERROR,
@@ -79,7 +79,8 @@ def test_request_counts_and_records_follow_each_rows_outcome(db: Path) -> None:
     ids = insert_tasks(db, [("batch:m", batch.seq, p) for p in params])
     insert_tasks(db, [("letters", batch.seq, None)])  # another type with the same job id is not the batch's
     outcomes = [({"status_code": 200, "body": {}}, None), ({"status_code": 429, "body": "busy"}, None),
-                (None, CANCELLED_ERROR), (None, INTERRUPTED_ERROR), (None, "model_not_found: no model 'q'")]
+                (None, CANCELLED_ERROR), (None, INTERRUPTED_ERROR), (None, "model_not_found: no model 'q'"),
+                (None, EXPIRED_ERROR)]
     for task_id, (result, error) in zip(ids, outcomes, strict=False):
         if result is not None:
             claim_task(db, task_id)
@@ -87,17 +88,20 @@ def test_request_counts_and_records_follow_each_rows_outcome(db: Path) -> None:
         else:
             fail_unfinished_task(db, task_id, error)
     counts = store.request_counts(db, batch.seq, 6)
-    assert (counts.completed, counts.failed, counts.pending) == (1, 4, 1)  # the 429 counts as failed
-    assert counts.as_openai() == {"total": 6, "completed": 1, "failed": 4}
+    assert (counts.completed, counts.failed, counts.pending) == (1, 5, 0)  # the 429 counts as failed
+    assert counts.as_openai() == {"total": 6, "completed": 1, "failed": 5}
 
     rows = job_tasks(db, batch.seq, store.BATCH_TYPE_PREFIX)
     assert [r.id for r in rows] == ids
-    made = [_record(r) for r in rows[:5]]
-    assert [ok for _, ok in made] == [True, False, False, False, False]
+    made = [_record(r) for r in rows]
+    assert [ok for _, ok in made] == [True, False, False, False, False, False]
     assert made[1][0]["response"]["status_code"] == 429
-    assert [r["error"]["code"] for r, _ in made[2:]] == ["batch_cancelled", "interrupted", "model_not_found"]
+    assert [r["error"]["code"] for r, _ in made[2:]] == [
+        "batch_cancelled", "interrupted", "model_not_found", "batch_expired"]
     assert made[4][0]["error"]["message"] == "no model 'q'"
-    assert store.batch_types_queued(db) == {"batch:m"}
+    assert store.batch_types_queued(db) == set()
+    insert_tasks(db, [("batch:n", batch.seq, None)])
+    assert store.batch_types_queued(db) == {"batch:n"}
 
 
 def test_batch_status_moves_only_from_the_expected_ones(db: Path) -> None:
