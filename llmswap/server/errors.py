@@ -52,6 +52,7 @@ def error_response(
     message: str,
     *,
     code: str | None = None,
+    param: str | None = None,
     retry_after: float | None = None,
     headers: Mapping[str, str] | None = None,
     force_json: bool = False,
@@ -68,8 +69,8 @@ def error_response(
             page = f"<!doctype html><title>{status}</title><h1>{status}</h1><p>{html.escape(message)}</p>\n"
             return web.Response(status=status, text=page, content_type="text/html", headers=extra)
     return web.Response(
-        status=status, body=error_body(status, message, code=code), content_type="application/json",
-        headers=extra,
+        status=status, body=error_body(status, message, code=code, param=param),
+        content_type="application/json", headers=extra,
     )
 
 

@@ -63,7 +63,7 @@ def _refusals(handler: Any) -> Any:
         except _Refused as refused:
             return refused.response
         except BatchRequestError as exc:
-            return error_response(request, exc.status, exc.message, force_json=True)
+            return error_response(request, exc.status, exc.message, param=exc.param, force_json=True)
 
     handle.__name__ = handler.__name__
     return handle
