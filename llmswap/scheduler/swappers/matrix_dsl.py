@@ -1,4 +1,6 @@
-"""The matrix set language: linking, validation, compilation, and the solver that picks a set (the syntax is `matrix_syntax`).
+"""The matrix set language: linking, validation, compilation, and the solver that picks a set.
+
+The syntax (tree, tokenizer, parser) is `matrix_syntax`.
 
 A matrix names the combinations of models allowed to run together. Each set is an expression:
 `a & b` (both), `a | b` (either), parentheses, `+other` (inline another set), where an identifier
