@@ -12,7 +12,9 @@ Rows and where they come from:
   real llmswap; RSS of the llmswap process (psutil) against that upstream's, a bare aiohttp server;
 - streaming relay: bench.relay, a long SSE stream from the unpaced demo upstream;
 - interleaved multi-model trace: bench.sim, the batch scheduler against FIFO on the same trace;
-- real llama.cpp upstream: bench.llamacpp, llama-cpp-python's server on a generated GGUF model.
+- real llama.cpp upstream: bench.llamacpp, llama-cpp-python's server on a generated GGUF model;
+- throughput under concurrency: bench.wrk_nginx, wrk against nginx directly and through llmswap at 1, 16, 64
+  and 256 connections (nginx and wrk from Debian's packages, installed by the benchmark when missing).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 import aiohttp
 import psutil
 
-from bench import cold_start, proxy_overhead
+from bench import cold_start, proxy_overhead, wrk_nginx
 from bench.launch import HOST, PeakRss, free_port, running_llmswap
 from bench.llamacpp import llama_cpp_tokens, llama_cpp_version
 from bench.proxy_overhead import Side
@@ -55,12 +57,15 @@ class Scale:
     relay_rounds: int
     llama_tokens: int
     llama_rounds: int
+    wrk_seconds: float  # per wrk run, each side and connection count
 
 
 FULL = Scale(cold_starts=20, cold_start_max_delay=3.0, latency_requests=2000, throughput_requests=4000,
-             concurrency=32, relay_tokens=20_000, relay_rounds=10, llama_tokens=256, llama_rounds=8)
+             concurrency=32, relay_tokens=20_000, relay_rounds=10, llama_tokens=256, llama_rounds=8,
+             wrk_seconds=5.0)
 QUICK = Scale(cold_starts=3, cold_start_max_delay=0.5, latency_requests=100, throughput_requests=300,
-              concurrency=16, relay_tokens=2_000, relay_rounds=2, llama_tokens=16, llama_rounds=1)
+              concurrency=16, relay_tokens=2_000, relay_rounds=2, llama_tokens=16, llama_rounds=1,
+              wrk_seconds=1.0)
 
 
 def progress(message: str) -> None:
@@ -146,12 +151,19 @@ async def llama_rows(scale: Scale) -> list[Row]:
     return await llama_cpp_tokens(scale.llama_tokens, scale.llama_rounds)
 
 
+async def wrk_rows(scale: Scale) -> list[Row]:
+    if (reason := wrk_nginx.ensure_tools()) is not None:
+        return [Row.skipped("wrk against nginx: throughput and latency under concurrency", reason)]
+    return await wrk_nginx.measure(scale.wrk_seconds, wrk_nginx.CONNECTIONS)
+
+
 PARTS: list[tuple[str, Callable[[Scale], Awaitable[list[Row]]]]] = [
     ("cold starts", cold_start_rows),
     ("warm latency, throughput and memory", overhead_rows),
     ("streaming relay", relay_rows),
     ("interleaved trace (simulated)", trace_rows),
     ("real llama.cpp upstream", llama_rows),
+    ("wrk against nginx", wrk_rows),
 ]
 
 

@@ -1,0 +1,212 @@
+"""Throughput under concurrency: wrk posting a chat request to nginx, directly and through llmswap.
+
+Run: `python -m bench.wrk_nginx [--seconds 5] [--connections 1,16,64,256]`. Prints a markdown table;
+asserts nothing.
+
+nginx answers every POST with a fixed chat completion, so the upstream costs next to nothing and what is
+measured is the proxy's cost per request. llmswap starts that nginx itself (it is the model's `cmd`, with
+`/health` as its check endpoint), so the path is the real one: a model started, health-checked and served
+by the scheduler. At each connection count the two sides run back to back (direct first, then through
+llmswap), so that drift of a shared machine touches both alike; the ratio is the result.
+
+nginx and wrk are Debian packages: when either is missing the benchmark installs it with apt-get (as root,
+or through sudo without a password) and, if that is not possible, prints one line saying so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.launch import HOST, free_port, running_llmswap, write_config
+from bench.report import Row, markdown_table, ms, per_second, ratio
+from bench.report import machine as describe_machine
+
+MODEL = "bench"
+CONNECTIONS = (1, 16, 64, 256)
+ANSWER = json.dumps({
+    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": MODEL,
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "one two three four"},
+                 "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5},
+})
+REQUEST = json.dumps({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+PACKAGES = {"nginx": "nginx-light", "wrk": "wrk"}
+SBIN = ("/usr/sbin", "/sbin")
+
+
+def find(tool: str) -> str | None:
+    return shutil.which(tool) or shutil.which(tool, path=os.pathsep.join(SBIN))
+
+
+def ensure_tools() -> str | None:
+    """Install nginx and wrk from Debian's packages when missing; the reason they cannot be had, or None."""
+    missing = [tool for tool in PACKAGES if find(tool) is None]
+    if not missing:
+        return None
+    if shutil.which("apt-get") is None:
+        return f"{' and '.join(missing)} not installed, and no apt-get to install them"
+    sudo: list[str] = []
+    if os.geteuid() != 0:
+        if shutil.which("sudo") is None:
+            return f"{' and '.join(missing)} not installed; installing them needs root"
+        sudo = ["sudo", "-n"]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    packages = [PACKAGES[tool] for tool in missing]
+    for command in ([*sudo, "apt-get", "update", "-qq"],
+                    [*sudo, "apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages]):
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            return f"`{' '.join(command)}` failed: {done.stderr.strip().splitlines()[-1:]}"
+    still = [tool for tool in PACKAGES if find(tool) is None]
+    return f"{' and '.join(still)} still missing after apt-get install" if still else None
+
+
+def nginx_config(folder: Path, port: int) -> Path:
+    """One nginx worker: POSTs get the fixed completion, /health 200; no logs; its files in `folder`."""
+    answer = ANSWER.replace("'", "\\'")
+    conf = folder / "nginx.conf"
+    conf.write_text(f"""
+worker_processes 1;
+daemon off;
+pid {folder}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {folder}/body;
+    proxy_temp_path {folder}/proxy;
+    fastcgi_temp_path {folder}/fastcgi;
+    uwsgi_temp_path {folder}/uwsgi;
+    scgi_temp_path {folder}/scgi;
+    keepalive_requests 1000000;
+    server {{
+        listen {HOST}:{port};
+        location = /health {{ return 200 'ok'; }}
+        location / {{
+            default_type application/json;
+            return 200 '{answer}';
+        }}
+    }}
+}}
+""")
+    return conf
+
+
+@dataclass(frozen=True)
+class WrkResult:
+    requests_per_second: float
+    p50: float  # seconds
+    p99: float
+    errors: int
+
+
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
+
+
+def _duration(text: str) -> float:
+    match = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    if match is None:
+        raise ValueError(f"wrk printed a latency {text!r} this benchmark cannot read")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_wrk(output: str) -> WrkResult:
+    """Requests/sec, the 50% and 99% latency lines of `--latency`, and every kind of error wrk counted."""
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", output)
+    p50 = re.search(r"^\s+50%\s+(\S+)", output, re.MULTILINE)
+    p99 = re.search(r"^\s+99%\s+(\S+)", output, re.MULTILINE)
+    if rate is None or p50 is None or p99 is None:
+        raise SystemExit("wrk's output has no Requests/sec or latency distribution:\n" + output)
+    errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", output))
+    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
+    errors += int(non_2xx.group(1)) if non_2xx else 0
+    return WrkResult(float(rate.group(1)), _duration(p50.group(1)), _duration(p99.group(1)), errors)
+
+
+async def wrk(url: str, connections: int, seconds: float, script: Path) -> WrkResult:
+    process = await asyncio.create_subprocess_exec(
+        find("wrk") or "wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", "-s", str(script),
+        url, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    output, _ = await process.communicate()
+    return parse_wrk(output.decode(errors="replace"))
+
+
+def post_script(folder: Path) -> Path:
+    script = folder / "post.lua"
+    body = REQUEST.replace("\\", "\\\\").replace('"', '\\"')
+    script.write_text(f'wrk.method = "POST"\nwrk.body = "{body}"\n'
+                      'wrk.headers["Content-Type"] = "application/json"\n')
+    return script
+
+
+async def measure(seconds: float, connections: tuple[int, ...]) -> list[Row]:
+    with tempfile.TemporaryDirectory() as name:
+        folder = Path(name)
+        port = free_port()
+        conf = nginx_config(folder, port)
+        config = write_config(folder / "config.yaml", {MODEL: {
+            "cmd": f"{find('nginx')} -c {conf}", "proxy": f"http://{HOST}:{port}", "checkEndpoint": "/health",
+            "concurrencyLimit": 4096,
+        }}, preload=[MODEL])
+        script = post_script(folder)
+        direct_url = f"http://{HOST}:{port}/v1/chat/completions"
+        async with running_llmswap(config, [f"http://{HOST}:{port}/health"]) as server:
+            proxied_url = f"{server.url}/v1/chat/completions"
+            await wrk(proxied_url, 16, 1, script)  # warm both: pools, caches
+            await wrk(direct_url, 16, 1, script)
+            rows: list[Row] = []
+            for count in connections:
+                print(f"bench.wrk_nginx: {count} connections...", file=sys.stderr, flush=True)
+                direct = await wrk(direct_url, count, seconds, script)
+                proxied = await wrk(proxied_url, count, seconds, script)
+                rows += rows_for(count, direct, proxied)
+    return rows
+
+
+def rows_for(connections: int, direct: WrkResult, proxied: WrkResult) -> list[Row]:
+    errors = ""
+    if direct.errors or proxied.errors:
+        errors = f"; errors: direct {direct.errors}, llmswap {proxied.errors}"
+    name = f"wrk, {connections} connection{'s' if connections > 1 else ''}"
+    return [
+        Row(f"{name}: throughput{errors}", "direct to nginx", per_second(direct.requests_per_second, "req"),
+            per_second(proxied.requests_per_second, "req"),
+            ratio(proxied.requests_per_second, direct.requests_per_second)),
+        Row(f"{name}: latency p50 / p99", "direct to nginx", f"{ms(direct.p50)} / {ms(direct.p99)}",
+            f"{ms(proxied.p50)} / {ms(proxied.p99)}",
+            f"{(proxied.p50 - direct.p50) * 1000:+.2f} ms / {(proxied.p99 - direct.p99) * 1000:+.2f} ms"),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.wrk_nginx",
+                                     description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each wrk run (default 5)")
+    parser.add_argument("--connections", default=",".join(map(str, CONNECTIONS)),
+                        help="comma-separated connection counts (default 1,16,64,256)")
+    args = parser.parse_args(argv)
+    counts = tuple(int(part) for part in args.connections.split(",") if part.strip())
+    if (reason := ensure_tools()) is not None:
+        print(f"bench.wrk_nginx: skipped: {reason}")
+        return 0
+    rows = asyncio.run(measure(args.seconds, counts))
+    print(f"Machine: {describe_machine()}")
+    command = f"python -m bench.wrk_nginx --seconds {args.seconds:g} --connections {args.connections}"
+    print(f"Command: `{command}`\n")
+    print(markdown_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
