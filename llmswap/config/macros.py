@@ -153,7 +153,8 @@ def apply_macros_to_keys(mapping: Map, macros: Sequence[Macro], path: str, probl
             problems.error(
                 entry.key_line,
                 f"{path}.{new_key}",
-                f"two keys expand to the same name (the other is at line {renamed[new_key].key_line})",
+                "two keys expand to the same name "
+                f"(the other is at {problems.where(renamed[new_key].key_line)})",
             )
             continue
         renamed[new_key] = Entry(new_key, entry.key_line, entry.node)
