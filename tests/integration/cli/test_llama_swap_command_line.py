@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import ssl
 import subprocess
 from pathlib import Path
@@ -175,6 +176,21 @@ async def test_llama_swap_command_line_serves_a_config_dir_and_watches_it(tmp_pa
                                      f"{main_file}:", within=WITHIN)
         async with http.post(f"{server.url}/v1/chat/completions", json=chat("c")) as response:
             assert response.status == 200, await response.text()
+
+
+async def test_sighup_reads_the_config_dir_again(tmp_path: Path) -> None:
+    conf_d = tmp_path / "conf.d"
+    write_models(conf_d / "a.yaml", {"a": demo_model("a")})
+    port = free_port()
+    async with (
+        running_llmswap(None, "--config-dir", str(conf_d), "--listen", f"{HOST}:{port}", port=port) as server,
+        aiohttp.ClientSession() as http,
+    ):
+        assert await listed(http, server) == {"a"}
+        write_models(conf_d / "b.yaml", {"b": demo_model("b")})
+        server.send_signal(signal.SIGHUP)
+        await server.wait_for_output("config reload: applied", within=WITHIN)
+        assert await listed(http, server) == {"a", "b"}
 
 
 def self_signed(tmp_path: Path) -> tuple[Path, Path]:
