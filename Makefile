@@ -13,9 +13,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# The demo config runs `python -m llmswap.demo`: the venv's python must come first on PATH.
 run: $(STAMP)
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/llmswap --config examples/demo.yaml --listen $(LISTEN)
+	$(VENV)/bin/llmswap --config examples/demo.yaml --listen $(LISTEN)
 
 test: $(STAMP)
 	$(PY) -m ruff check llmswap tests bench

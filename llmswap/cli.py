@@ -1,9 +1,13 @@
 """The `llmswap` command: parse the arguments, load the config, hand over to the server's lifecycle.
 
-    llmswap --config FILE [--listen HOST:PORT] [--watch-config] [--log-level LEVEL]
-    llmswap check-config FILE
+    llmswap --config FILE [--config-dir DIR] [--listen HOST:PORT] [--watch-config] [--log-level LEVEL]
+            [--tls-cert-file FILE --tls-key-file FILE]
+    llmswap check-config FILE | --config FILE [--config-dir DIR]
     llmswap tasks submit|list|show|cancel --config FILE ...
     llmswap --version
+
+llama-swap's own spellings (`-config`, `-config-dir`, `-listen`, `-watch-config`, `-tls-cert-file`,
+`-tls-key-file`, `-version`) are accepted as they are (`llmswap.cliargs`).
 
 Exit status: 0 after a clean stop (or a valid config), 1 for a config that does not load or an address
 that cannot be listened on, 2 for bad arguments. Errors go to stderr as text, never as a traceback.
@@ -17,29 +21,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llmswap import __version__
-from llmswap.config import Config, ConfigError, format_config, load_config
+from llmswap.cliargs import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    DEFAULT_TLS_PORT,
+    add_config_arguments,
+    add_tls_arguments,
+    config_sources,
+    flag,
+    listen_address,
+    parse_listen,
+)
+from llmswap.config import Config, ConfigError, ConfigSources, format_config
 from llmswap.tasks import cli as task_cli
 
 LOG_LEVELS = ("debug", "info", "warn", "error")
-DEFAULT_LISTEN = "127.0.0.1:8080"
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """`HOST:PORT`, `[IPv6]:PORT` or `:PORT` (every interface) → (host, port); host "" = every interface."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:8080 or :8080)")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise argparse.ArgumentTypeError(f"{text!r}: write an IPv6 address in brackets, e.g. [::1]:8080")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: the port {port_text!r} is not a number") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r}: the port must be from 0 to 65535 (0 = any free port)")
-    return host, port
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,43 +49,46 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="Run `llmswap check-config FILE` to see how a config file is understood.",
     )
-    parser.add_argument("--config", metavar="FILE", type=Path,
-                        help="the YAML config file (llama-swap's format plus llmswap's additions)")
-    parser.add_argument("--listen", metavar="HOST:PORT", type=parse_listen, default=DEFAULT_LISTEN,
-                        help=f"address to serve on (default {DEFAULT_LISTEN}; ':8080' = every interface, "
-                             "port 0 = any free port)")
-    parser.add_argument("--watch-config", action="store_true",
-                        help="reload the config when the file changes (SIGHUP always reloads): models "
-                             "whose settings did not change keep running, the others restart on demand; "
-                             "a file that does not load is ignored and the running config kept")
-    parser.add_argument("--log-level", choices=LOG_LEVELS, metavar="LEVEL",
-                        help=f"one of {', '.join(LOG_LEVELS)}; overrides the config's logLevel")
-    parser.add_argument("--version", action="version", version=f"llmswap {__version__}")
+    add_config_arguments(parser)
+    flag(parser, "listen", metavar="HOST:PORT", type=parse_listen,
+         help=f"address to serve on (default {DEFAULT_HOST}:{DEFAULT_PORT}, or {DEFAULT_HOST}:"
+              f"{DEFAULT_TLS_PORT} with TLS; ':8080' = every interface, port 0 = any free port)")
+    flag(parser, "watch-config", action="store_true", dest="watch_config",
+         help="reload the config when a file changes (SIGHUP always reloads): with --config-dir, files "
+              "added, changed or removed there count too; models whose settings did not change keep "
+              "running, the others restart on demand; a config that does not load is ignored and the "
+              "running one kept")
+    flag(parser, "log-level", choices=LOG_LEVELS, metavar="LEVEL", dest="log_level",
+         help=f"one of {', '.join(LOG_LEVELS)}; overrides the config's logLevel")
+    add_tls_arguments(parser)
+    flag(parser, "version", action="version", version=f"llmswap {__version__}")
 
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     check = commands.add_parser(
         "check-config", help="load a config file and print it resolved (macros expanded, ports assigned)",
-        description="Load FILE and print the configuration as llmswap understands it: macros expanded, "
-                    "${PORT}s assigned, defaults applied, API keys redacted. Problems are printed to "
-                    "stderr, each with its file:line, and the exit status is 1.",
+        description="Load the config (FILE, or --config and --config-dir) and print it as llmswap "
+                    "understands it: files merged, macros expanded, ${PORT}s assigned, defaults applied, "
+                    "API keys redacted. Problems are printed to stderr, each with its file:line, and the "
+                    "exit status is 1.",
     )
-    check.add_argument("file", metavar="FILE", type=Path, help="the config file to check")
+    check.add_argument("file", metavar="FILE", type=Path, nargs="?", help="the config file to check")
+    add_config_arguments(check, subcommand=True)
 
     task_cli.add_parser(commands)
     return parser
 
 
-def _load(path: Path) -> Config | None:
-    """The config at `path`, or None after printing why it does not load."""
+def _load(sources: ConfigSources) -> Config | None:
+    """The config the sources make, or None after printing why it does not load."""
     try:
-        return load_config(path)
+        return sources.load()
     except ConfigError as err:
         print(err, file=sys.stderr)
         return None
 
 
-def check_config(path: Path) -> int:
-    config = _load(path)
+def check_config(sources: ConfigSources) -> int:
+    config = _load(sources)
     if config is None:
         return 1
     for warning in config.warnings:
@@ -98,17 +97,19 @@ def check_config(path: Path) -> int:
     return 0
 
 
-def serve_command(args: argparse.Namespace) -> int:
+def serve_command(sources: ConfigSources, args: argparse.Namespace, host: str, port: int) -> int:
     from llmswap.server.lifecycle import ServeOptions, StartError, run
 
-    config = _load(args.config)
+    config = _load(sources)
     if config is None:
-        print(f"llmswap: not started: fix the problems above (`llmswap check-config {args.config}` "
-              f"checks the file without starting)", file=sys.stderr)
+        given = f" --config {sources.file}" if sources.file else ""
+        given += f" --config-dir {sources.directory}" if sources.directory else ""
+        print(f"llmswap: not started: fix the problems above (`llmswap check-config{given}` "
+              f"checks the config without starting)", file=sys.stderr)
         return 1
-    host, port = args.listen
-    options = ServeOptions(config_path=args.config, host=host, port=port, watch_config=args.watch_config,
-                           log_level=args.log_level)
+    options = ServeOptions(config_path=sources.file, config_dir=sources.directory, host=host, port=port,
+                           watch_config=args.watch_config, log_level=args.log_level,
+                           tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file)
     try:
         return run(options, config)
     except StartError as err:
@@ -122,12 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "check-config":
-        return check_config(args.file)
+        return check_config(config_sources(args, parser, file=args.file))
     if args.command == "tasks":
-        return task_cli.run(args)
-    if args.config is None:
-        parser.error("--config FILE is required to serve (or give a command: check-config, tasks)")
-    return serve_command(args)
+        return task_cli.run(config_sources(args, parser), args)
+    host, port = listen_address(args, parser)
+    return serve_command(config_sources(args, parser), args, host, port)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The configuration: llama-swap's YAML schema (plus llmswap's additions) loaded into frozen dataclasses.
 
-Usage: `config = load_config("config.yaml")` (raises `ConfigError` listing every problem), and
+Usage: `config = load_config("config.yaml")` (raises `ConfigError` listing every problem), or
+`ConfigSources(file, directory).load()` for a file merged with a directory of files, and
 `format_config(config)` for the resolved YAML that `llmswap check-config` prints.
 """
 
@@ -28,6 +29,7 @@ from llmswap.config.model import (
 )
 from llmswap.config.render import format_config
 from llmswap.config.sizes import parse_size
+from llmswap.config.sources import ConfigSources
 
 __all__ = [
     "DEFAULT_GROUP_ID",
@@ -37,6 +39,7 @@ __all__ = [
     "Capabilities",
     "Config",
     "ConfigError",
+    "ConfigSources",
     "Filters",
     "GroupConfig",
     "MatrixConfig",

@@ -2,6 +2,10 @@
 
 The loader keeps going after a bad value so one run reports every mistake it can find; `Problems`
 collects them (errors and warnings) and `raise_if_errors` turns the errors into one `ConfigError`.
+
+A config merged from several files (`-config-dir`) numbers its lines across them: the second file's
+line 1 comes after the first file's last line. `Problems` with `sources` turns such a line back into
+the file and line the user wrote, so every reader of the tree stays unaware of the merge.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ class Problem:
     line: int | None
     path: str
     message: str
+    order: int | None = field(default=None, compare=False)  # position across merged files, for sorting
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
@@ -34,19 +39,48 @@ class ConfigError(Exception):
         super().__init__("\n".join(self.errors))
 
 
+@dataclass(frozen=True)
+class Source:
+    """One file of a merged config: its lines are numbered from `first_line` in the merged tree."""
+
+    file: str
+    first_line: int
+
+
 @dataclass
 class Problems:
-    """Errors and warnings found while loading one file."""
+    """Errors and warnings found while loading one file (or several merged ones, see `sources`)."""
 
     file: str
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
+    sources: tuple[Source, ...] = ()  # ascending first_line; empty for a single file
 
     def error(self, line: int | None, path: str, message: str) -> None:
-        self.errors.append(Problem(self.file, line, path, message))
+        self.errors.append(self._problem(line, path, message))
 
     def warn(self, line: int | None, path: str, message: str) -> None:
-        self.warnings.append(Problem(self.file, line, path, message))
+        self.warnings.append(self._problem(line, path, message))
+
+    def locate(self, line: int) -> tuple[str, int]:
+        """The file and line the user wrote for a line of the (possibly merged) tree."""
+        for source in reversed(self.sources):
+            if line >= source.first_line:
+                return source.file, line - source.first_line + 1
+        return self.file, line
+
+    def where(self, line: int) -> str:
+        """A line for a message about another place: `line 12`, or `other.yaml:12` once files are merged."""
+        if not self.sources:
+            return f"line {line}"
+        file, number = self.locate(line)
+        return f"{file}:{number}"
+
+    def _problem(self, line: int | None, path: str, message: str) -> Problem:
+        if not line or not self.sources:
+            return Problem(self.file, line, path, message)
+        file, number = self.locate(line)
+        return Problem(file, number, path, message, order=line)
 
     def raise_if_errors(self) -> None:
         if self.errors:
@@ -55,4 +89,8 @@ class Problems:
 
 def in_file_order(problems: list[Problem]) -> list[Problem]:
     """Problems sorted by line (those without one first), so they read top to bottom like the file."""
-    return sorted(problems, key=lambda problem: problem.line or 0)
+    return sorted(problems, key=_position)
+
+
+def _position(problem: Problem) -> int:
+    return problem.order if problem.order is not None else problem.line or 0

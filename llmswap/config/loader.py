@@ -94,6 +94,11 @@ DEFAULT_STATE_DIR = ".llmswap-state"
 
 def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> Config:
     """Read and load the config file at `path`. Raises `ConfigError`."""
+    return load_config_text(read_config_text(path), path=str(path), environ=environ)
+
+
+def read_config_text(path: str | Path) -> str:
+    """The text of a config file; raises `ConfigError` when it cannot be read or is not UTF-8."""
     shown = str(path)
     try:
         data = Path(path).read_bytes()
@@ -103,13 +108,18 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
             [Problem(shown, None, "", f"cannot read the config file: {reason}; check the path")]
         ) from None
     try:
-        text = data.decode("utf-8-sig")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ConfigError(
             [Problem(shown, line, "", "the file is not UTF-8 text; save it as UTF-8")]
         ) from None
-    return load_config_text(text, path=shown, environ=environ)
+
+
+def parse_config_text(text: str, problems: Problems, environ: Mapping[str, str] | None = None) -> Map:
+    """`${env.NAME}` substituted, then parsed: the tree `load_tree` reads. Raises `ConfigError`."""
+    text = substitute_env(text, os.environ if environ is None else environ, problems)
+    return parse_document(text, problems)
 
 
 def load_config_text(
@@ -117,8 +127,12 @@ def load_config_text(
 ) -> Config:
     """Load config text; `path` names it in messages and anchors relative paths. Raises `ConfigError`."""
     problems = Problems(path)
-    text = substitute_env(text, os.environ if environ is None else environ, problems)
-    tree = parse_document(text, problems)
+    tree = parse_config_text(text, problems, environ)
+    return load_tree(tree, problems, path=path, base_dir=Path(path).expanduser().absolute().parent)
+
+
+def load_tree(tree: Map, problems: Problems, *, path: str, base_dir: Path) -> Config:
+    """The `Config` a parsed tree describes; `problems` names its file(s). Raises `ConfigError`."""
     root = Fields(tree, "", problems)
     root.warn_unknown(TOP_LEVEL_KEYS, IGNORED_TOP_LEVEL_KEYS)
 
@@ -155,7 +169,6 @@ def load_config_text(
     def resolve(name: str) -> str | None:
         return name if name in models else aliases.get(name)
 
-    base_dir = Path(path).expanduser().absolute().parent
     state_dir = root.text("stateDir").strip()
     config = Config(
         path=Path(path),
@@ -221,7 +234,7 @@ def _alias_map(models: dict[str, ModelDraft], problems: Problems) -> dict[str, s
                     site.line,
                     site.path,
                     f"duplicate alias {site.name} found in model: {model_id} "
-                    f"(already an alias of {aliases[site.name]} at line {alias_line[site.name]})",
+                    f"(already an alias of {aliases[site.name]} at {problems.where(alias_line[site.name])})",
                 )
             else:
                 aliases[site.name] = model_id
@@ -241,7 +254,8 @@ def _alias_map(models: dict[str, ModelDraft], problems: Problems) -> dict[str, s
                         site.line,
                         site.path,
                         f"duplicate alias '{site.name}' in model {model_id} filters.setParamsByID, "
-                        f"already used by model {aliases[site.name]} (line {alias_line[site.name]})",
+                        f"already used by model {aliases[site.name]} "
+                        f"({problems.where(alias_line[site.name])})",
                     )
             else:
                 aliases[site.name] = model_id

@@ -4,14 +4,21 @@ A macro list is applied last-declared first, one macro at a time over the whole 
 may use the macros declared before it (their text is pasted in, then expanded by the later passes).
 A value that is exactly `${name}` takes the macro's type (an int stays an int); anywhere else the
 macro is pasted as text, formatted the way Go's `%v` formats it (`true`, `0.7`, `4096`).
-Inside a model the list is `MODEL_ID`, then the global macros (a model macro of the same name
-replaces the global in place), then the model's own macros.
+Inside a model the list is `MODEL_ID`, `PYTHON`, then the global macros (a model macro of the same
+name replaces the global in place), then the model's own macros.
+
+`${PYTHON}` is llmswap's addition: the python running llmswap (`sys.executable`, quoted for the command
+line), so a model served by a Python module (`${PYTHON} -m llmswap.demo`) runs in llmswap's own
+environment whatever PATH says. A macro named PYTHON in the config replaces it, so a llama-swap file
+that declares one loads unchanged.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import shlex
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -24,6 +31,7 @@ MACRO_NAME = re.compile(r"^[a-zA-Z0-9_-]+$")
 MACRO_REFERENCE = re.compile(r"\$\{([a-zA-Z0-9_-]+)\}")
 RESERVED_NAMES = ("PID", "PORT", "MODEL_ID")
 MAX_NAME_LENGTH = 63
+PYTHON_COMMAND = shlex.quote(sys.executable) if sys.executable else "python3"
 
 
 def go_text(value: Any) -> str:
@@ -109,10 +117,16 @@ def read_macros(node: Node | None, path: str, problems: Problems) -> list[Macro]
 
 
 def model_scope(
-    model_id: str, line: int, global_macros: Sequence[Macro], own: Sequence[Macro]
+    model_id: str,
+    line: int,
+    global_macros: Sequence[Macro],
+    own: Sequence[Macro],
 ) -> list[Macro]:
-    """The list applied inside one model: MODEL_ID, globals (overridden in place), then its own."""
-    scope = [Macro("MODEL_ID", model_id, line), *global_macros]
+    """The list applied inside one model: MODEL_ID, PYTHON, globals (overridden in place), then its own."""
+    builtins = [Macro("MODEL_ID", model_id, line)]
+    if not any(macro.name == "PYTHON" for macro in global_macros):
+        builtins.append(Macro("PYTHON", PYTHON_COMMAND, line))
+    scope = [*builtins, *global_macros]
     position = {macro.name: index for index, macro in enumerate(scope)}
     for macro in own:
         if macro.name in position:
@@ -153,7 +167,8 @@ def apply_macros_to_keys(mapping: Map, macros: Sequence[Macro], path: str, probl
             problems.error(
                 entry.key_line,
                 f"{path}.{new_key}",
-                f"two keys expand to the same name (the other is at line {renamed[new_key].key_line})",
+                "two keys expand to the same name "
+                f"(the other is at {problems.where(renamed[new_key].key_line)})",
             )
             continue
         renamed[new_key] = Entry(new_key, entry.key_line, entry.node)
@@ -165,8 +180,8 @@ def _unresolved_message(name: str, path: str) -> str:
         return "${PID} is only available in cmdStop (it is the upstream's process id at stop time)"
     if name == "PORT":
         return "${PORT} is only available in a model whose cmd uses ${PORT}"
-    if name == "MODEL_ID" and not path.startswith("models."):
-        return "${MODEL_ID} is only available inside a model's settings"
+    if name in ("MODEL_ID", "PYTHON") and not path.startswith("models."):
+        return f"${{{name}}} is only available inside a model's settings"
     return (
         f"unknown macro '${{{name}}}'; declare it under macros: "
         "(a macro may only use macros declared before it)"

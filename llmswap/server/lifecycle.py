@@ -2,7 +2,8 @@
 
     start   logging as the config says; router; the HTTP listener; then `hooks.on_startup.preload`, each
             model in turn through `router.acquire` — a request's own path, so it swaps like one would
-    run     SIGHUP, or a changed file under --watch-config, reloads the config (`llmswap.server.reload`)
+    run     SIGHUP, or a changed file under --watch-config, reloads the config (`llmswap.server.reload`):
+            every source again, the --config-dir's files as they are now
     stop    SIGINT/SIGTERM: stop accepting, let the responses in flight finish for a grace period
             (then cut them), stop every upstream, exit 0. A second signal cuts everything at once.
 
@@ -16,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
@@ -25,13 +27,13 @@ from typing import Any
 from aiohttp import web
 
 from llmswap import __version__
-from llmswap.config import Config
+from llmswap.config import Config, ConfigSources
 from llmswap.process.logring import LogRing
 from llmswap.router import build_router
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.server.app import create_app
 from llmswap.server.logsetup import configure_logging
-from llmswap.server.reload import WATCH_INTERVAL, ConfigWatcher, ReloadOutcome, reload_from_file
+from llmswap.server.reload import WATCH_INTERVAL, ConfigWatcher, ReloadOutcome, reload_from_sources
 from llmswap.server.state import ServerState
 
 log = logging.getLogger("llmswap.server")
@@ -45,15 +47,22 @@ HURRY_GRACE = 1.0  # the same two, after a second signal
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """What `llmswap --config ...` was asked for, beyond the config file itself."""
+    """What `llmswap --config ...` was asked for, beyond the config itself."""
 
-    config_path: Path
+    config_path: Path | None
+    config_dir: Path | None = None  # --config-dir: its YAML files merged after config_path
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT  # 0: any free port (the log says which)
     watch_config: bool = False
     log_level: str | None = None  # overrides the config's logLevel
     shutdown_grace: float = SHUTDOWN_GRACE
     watch_interval: float = WATCH_INTERVAL
+    tls_cert_file: Path | None = None  # both set: serve HTTPS
+    tls_key_file: Path | None = None
+
+    @property
+    def sources(self) -> ConfigSources:
+        return ConfigSources(self.config_path, self.config_dir)
 
 
 class StartError(Exception):
@@ -116,12 +125,17 @@ class Server:
     async def start(self) -> None:
         """Listen and serve; raises ListenError (with the router already stopped) if it cannot listen."""
         config = self.state.config
+        try:
+            tls = tls_context(self.options)
+        except StartError:
+            await self.state.router.shutdown(HURRY_GRACE)
+            raise
         self.configure_logging(config)
         for warning in config.warnings:
             log.warning("config: %s", warning)
         if self.options.watch_config:
             # Read before serving: an edit from now on is a change, even one made during startup.
-            self._watcher = ConfigWatcher(self.options.config_path, self.options.watch_interval)
+            self._watcher = ConfigWatcher(self.options.sources, self.options.watch_interval)
         self.state.router.start()
         app = create_app(self.state)
         self.runner = web.AppRunner(
@@ -132,7 +146,7 @@ class Server:
         except OSError as exc:
             await self.state.router.shutdown(HURRY_GRACE)
             raise StartError(f"starting the server failed: {exc}") from None
-        site = web.TCPSite(self.runner, self.options.host or None, self.options.port)
+        site = web.TCPSite(self.runner, self.options.host or None, self.options.port, ssl_context=tls)
         try:
             await site.start()
         except OSError as exc:
@@ -143,7 +157,7 @@ class Server:
                 f"cannot listen on {where}: {exc.strerror or exc}; "
                 f"is another server using it? choose another address with --listen HOST:PORT"
             ) from None
-        self.url = _url(self.runner, self.options.host)
+        self.url = _url(self.runner, self.options.host, "https" if tls else "http")
         log.info("llmswap %s listening on %s (%d models, router %s)", __version__, self.url,
                  len(config.models), self.state.router.name)
         if config.preload:
@@ -179,11 +193,11 @@ class Server:
         """Reload the config file (SIGHUP, --watch-config); ignored once stopping."""
         if self._stopping:
             return
-        log.info("config reload: reading %s", self.options.config_path)
+        log.info("config reload: reading %s", self.options.sources)
         self.reload()
 
     def reload(self) -> ReloadOutcome:
-        outcome = reload_from_file(self.state, self.options.config_path)
+        outcome = reload_from_sources(self.state, self.options.sources)
         if outcome.applied:
             self.configure_logging(self.state.config)
             wanted = [m for m in self.state.config.preload if m in outcome.to_preload]
@@ -226,13 +240,32 @@ class Server:
             await router.shutdown(grace)
 
 
-def _url(runner: web.AppRunner, host: str) -> str:
+def tls_context(options: ServeOptions) -> ssl.SSLContext | None:
+    """The server side of HTTPS when a certificate and key are given; StartError names a bad file."""
+    if options.tls_cert_file is None or options.tls_key_file is None:
+        return None
+    for flag, path in (("--tls-cert-file", options.tls_cert_file), ("--tls-key-file", options.tls_key_file)):
+        if not path.is_file():
+            raise StartError(f"cannot read {path}: no such file; check {flag}")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(options.tls_cert_file, options.tls_key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise StartError(
+            f"cannot use the certificate {options.tls_cert_file} with the key {options.tls_key_file}: "
+            f"{getattr(exc, 'reason', None) or exc}; give a PEM certificate and its matching unencrypted "
+            "PEM private key"
+        ) from None
+    return context
+
+
+def _url(runner: web.AppRunner, host: str, scheme: str) -> str:
     for address in runner.addresses:
         if isinstance(address, tuple) and len(address) >= 2:
             bound_host = str(address[0])
             shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-            return f"http://{shown}:{address[1]}"
-    return f"http://{host}"
+            return f"{scheme}://{shown}:{address[1]}"
+    return f"{scheme}://{host}"
 
 
 async def serve(options: ServeOptions, config: Config) -> int:

@@ -1,12 +1,16 @@
 """Reloading the configuration of a running server, and noticing that the file changed.
 
-`reload_from_file(state, path)` loads the file and, if it loads, `apply_config` swaps a successor router
+`reload_from_sources(state, sources)` loads the config again (the file, and the files of the config
+directory as they are now) and, if it loads, `apply_config` swaps a successor router
 into the state (`llmswap.router.handover`): unchanged models keep their running process, the others are
 stopped and start again on demand. A file that does not load, or a config no router can be built for,
 changes nothing: the running config keeps serving and the reason is logged.
 
-`ConfigWatcher` polls the file (`--watch-config`): its size and mtime every interval, its content hash
-when they move, so touching the file or rewriting the same text triggers nothing.
+`ConfigWatcher` polls the sources (`--watch-config`): the config file and the directory's listing, each
+file's size and mtime every interval, a file's content hash when they move. A file added to or removed
+from the directory is a change; touching a file or rewriting the same text is none. A config file or a
+directory that is missing for a moment (an editor replacing it) is not a change either: the next look
+tells.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmswap.config import Config, ConfigError, load_config
+from llmswap.config import Config, ConfigError, ConfigSources
 from llmswap.router.handover import Handover, adoptable, successor_router
 from llmswap.server.state import ServerState
 
@@ -46,12 +50,12 @@ class ReloadOutcome:
         return (*self.changed, *self.added)
 
 
-def reload_from_file(state: ServerState, path: str | Path) -> ReloadOutcome:
-    """Load `path` and apply it; on any error keep the running config and log why."""
+def reload_from_sources(state: ServerState, sources: ConfigSources) -> ReloadOutcome:
+    """Load the config again and apply it; on any error keep the running config and log why."""
     try:
-        config = load_config(path)
+        config = sources.load()
     except ConfigError as err:
-        log.error("config reload: %s does not load, the running config stays in use:\n%s", path, err)
+        log.error("config reload: %s does not load, the running config stays in use:\n%s", sources, err)
         return ReloadOutcome(applied=False, error=str(err))
     return apply_config(state, config)
 
@@ -100,37 +104,51 @@ class _Stamp:
 
 
 class ConfigWatcher:
-    """Tells whether a config file's content changed since the last look (or since it was loaded)."""
+    """Tells whether the config's content changed since the last look (or since it was loaded)."""
 
-    def __init__(self, path: str | Path, interval: float = WATCH_INTERVAL) -> None:
-        self.path = Path(path)
+    def __init__(self, sources: ConfigSources | str | Path, interval: float = WATCH_INTERVAL) -> None:
+        self.sources = sources if isinstance(sources, ConfigSources) else ConfigSources(Path(sources))
         self.interval = interval
-        self._stamp = self._stat()
-        self._digest = self._hash()
+        self._stamps = self._look() or {}
+        self._digests = {path: digest for path in self._stamps if (digest := _hash(path)) is not None}
 
-    def _stat(self) -> _Stamp | None:
+    def _look(self) -> dict[Path, _Stamp] | None:
+        """Each source file's stamp, or None when the config file or the directory is missing just now."""
+        paths = [] if self.sources.file is None else [self.sources.file]
         try:
-            info = os.stat(self.path)
-        except OSError:
-            return None  # being replaced, or gone: the next look tells
-        return _Stamp(info.st_size, info.st_mtime_ns, info.st_ino)
-
-    def _hash(self) -> str | None:
-        try:
-            return hashlib.sha256(self.path.read_bytes()).hexdigest()
-        except OSError:
+            paths += self.sources.directory_files()
+        except ConfigError:
             return None
+        stamps: dict[Path, _Stamp] = {}
+        for path in paths:
+            try:
+                info = os.stat(path)
+            except OSError:
+                if path == self.sources.file:
+                    return None  # being replaced, or gone: the next look tells
+                continue  # a directory file gone since the listing: removed
+            stamps[path] = _Stamp(info.st_size, info.st_mtime_ns, info.st_ino)
+        return stamps
 
     def changed(self) -> bool:
-        """Whether the content differs from the last look; cheap (one stat) while the file is untouched."""
-        stamp = self._stat()
-        if stamp is None or stamp == self._stamp:
+        """Whether the content differs from the last look; cheap (a listing and stats) while untouched."""
+        stamps = self._look()
+        if stamps is None or stamps == self._stamps:
             return False
-        self._stamp = stamp
-        digest = self._hash()
-        if digest is None or digest == self._digest:
+        digests: dict[Path, str] = {}
+        for path, stamp in stamps.items():
+            known = self._digests.get(path)
+            if known is not None and self._stamps.get(path) == stamp:
+                digests[path] = known
+                continue
+            digest = _hash(path)
+            if digest is None:
+                return False  # gone between the stat and the read: the next look tells
+            digests[path] = digest
+        self._stamps = stamps
+        if digests == self._digests:
             return False
-        self._digest = digest
+        self._digests = digests
         return True
 
     async def watch(self, on_change: Callable[[], None]) -> None:
@@ -141,4 +159,11 @@ class ConfigWatcher:
                 if self.changed():
                     on_change()
             except Exception:
-                log.exception("config watcher: checking %s failed", self.path)
+                log.exception("config watcher: checking %s failed", self.sources)
+
+
+def _hash(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None

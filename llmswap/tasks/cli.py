@@ -1,5 +1,7 @@
 """`llmswap tasks submit|list|show|cancel --config FILE`: the task queue from the command line.
 
+`--config` (and `--config-dir`) may come before `tasks` or after the action, as with every command.
+
 It works on the database the config names, so it needs no running server; a running server picks up
 submitted rows within a second and skips cancelled ones.
 """
@@ -12,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llmswap.config import ConfigError, load_config
+from llmswap.cliargs import add_config_arguments
+from llmswap.config import ConfigError, ConfigSources
 from llmswap.config.model import TasksConfig
 from llmswap.tasks.db import TaskStatus, cancel_task, get_task, init_db, insert_task, list_tasks
 from llmswap.tasks.service import row_json
@@ -24,9 +27,7 @@ def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         parser = actions.add_parser(name, help=help_text)
-        parser.add_argument(
-            "--config", required=True, metavar="FILE", help="the llmswap config with a tasks: section"
-        )
+        add_config_arguments(parser, subcommand=True)
         return parser
 
     submit = command("submit", "queue a task")
@@ -53,14 +54,14 @@ def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
     cancel.add_argument("id", type=int)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(sources: ConfigSources, args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config)
+        config = sources.load()
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
     if config.tasks is None:
-        print(f"{args.config}: no tasks: section; add one to use the task queue", file=sys.stderr)
+        print(f"{sources}: no tasks: section; add one to use the task queue", file=sys.stderr)
         return 1
     tasks = config.tasks
     init_db(tasks.db)

@@ -92,13 +92,15 @@ def alive(pid: int) -> bool:
 
 @contextlib.asynccontextmanager
 async def running_llmswap(
-    config: Path, *args: str, port: int | None = None, healthy: bool = True, within: float = WITHIN
+    config: Path | None, *args: str, port: int | None = None, healthy: bool = True, within: float = WITHIN
 ) -> AsyncIterator[LlmswapProcess]:
     """Start llmswap on `config` (extra CLI `args`), wait for /health unless `healthy` is False, and kill
-    it and its upstreams when the block ends, whatever happened."""
+    it and its upstreams when the block ends, whatever happened. With `config` None, `args` are the whole
+    command line and must listen on `port`."""
     port = free_port() if port is None else port
+    where = () if config is None else ("--config", str(config), "--listen", f"{HOST}:{port}")
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "llmswap", "--config", str(config), "--listen", f"{HOST}:{port}", *args,
+        sys.executable, "-m", "llmswap", *where, *args,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

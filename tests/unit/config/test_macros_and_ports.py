@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
+
 import pytest
 
+from llmswap.config import macros
 from llmswap.config.macros import go_text
 
 from .support import errors_of, load, one_error
@@ -81,6 +85,45 @@ def test_model_id_is_usable_inside_global_macros() -> None:
 def test_model_id_outside_models_is_an_error() -> None:
     error = one_error("apiKeys: ['${MODEL_ID}']\n")
     assert error == "config.yaml:1: apiKeys[0]: ${MODEL_ID} is only available inside a model's settings"
+
+
+def test_python_is_the_interpreter_running_llmswap_inside_global_macros() -> None:
+    config = load("""\
+        macros:
+          demo: ${PYTHON} -m llmswap.demo --port ${PORT}
+        models:
+          small:
+            cmd: ${demo} --model-name ${MODEL_ID}
+        """)
+    assert config.models["small"].cmd == (sys.executable, "-m", "llmswap.demo", "--port", "5800",
+                                          "--model-name", "small")
+
+
+def test_python_with_a_space_in_its_path_stays_one_argument(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(macros, "PYTHON_COMMAND", shlex.quote("/opt/my env/bin/python"))
+    config = load("models:\n  m:\n    cmd: ${PYTHON} -m srv --port ${PORT}\n")
+    assert config.models["m"].cmd == ("/opt/my env/bin/python", "-m", "srv", "--port", "5800")
+
+
+def test_a_macro_named_python_in_the_config_replaces_the_builtin() -> None:
+    config = load("""\
+        macros:
+          PYTHON: /usr/bin/python3.12
+        models:
+          a:
+            cmd: ${PYTHON} -m srv --port ${PORT}
+          b:
+            macros:
+              PYTHON: pypy3
+            cmd: ${PYTHON} -m srv --port ${PORT}
+        """)
+    assert config.models["a"].cmd[0] == "/usr/bin/python3.12"
+    assert config.models["b"].cmd[0] == "pypy3"
+
+
+def test_python_outside_models_is_an_error() -> None:
+    error = one_error("apiKeys: ['${PYTHON}']\n")
+    assert error == "config.yaml:1: apiKeys[0]: ${PYTHON} is only available inside a model's settings"
 
 
 def test_global_macros_apply_to_top_level_values_with_types() -> None:
