@@ -90,6 +90,8 @@ def split_host_port(authority: str) -> tuple[str, int | None] | None:
     else:
         host, colon, port_text = authority.partition(":")
         rest = colon + port_text
+        if host.endswith(".") and host != ".":
+            host = host[:-1]  # the fully qualified form of the same name
         if not host or not (_NAME.fullmatch(host) or _is_ip(host, version=4)):
             return None
     if not rest:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 
+import aiohttp
+import pytest
+
 from llmswap.config.model import ApiKey
 from llmswap.config.origins import parse_host_pattern, parse_origin_pattern
 from llmswap.process.state import ProcessState
@@ -158,3 +161,15 @@ async def test_a_reload_applies_new_origins_to_the_next_request(serve_config, ht
     served.state.config = config(origins=(page,))
     status, _, _ = await chat_as_text(http, served, Origin=page)
     assert status == 200
+
+
+async def test_a_websocket_from_a_foreign_page_is_refused_before_the_model_starts(serve_config, http):
+    # Websockets have no CORS: the Origin check is all that stands between a page and the model.
+    served = await serve_config(config())
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        async with http.ws_connect(served.at("/v1/realtime?model=m"), origin=FOREIGN):
+            pass
+    assert refused.value.status == 403
+    assert served.router.processes["m"].state is ProcessState.STOPPED
+    async with http.ws_connect(served.at("/upstream/m/ws"), origin="http://localhost:3000") as socket:
+        assert (await socket.receive_json(timeout=10))["event"] == "hello"

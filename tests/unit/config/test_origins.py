@@ -36,6 +36,7 @@ def test_host_and_port_are_split_for_names_and_addresses():
     assert split_host_port("10.0.0.1:80") == ("10.0.0.1", 80)
     assert split_host_port("[nope]:80") is None
     assert split_host_port("a:b") is None
+    assert split_host_port("localhost.:80") == ("localhost", 80)
 
 
 @pytest.mark.parametrize(("host", "loopback"), [
