@@ -24,6 +24,7 @@ from llmswap.process.state import ProcessState
 from llmswap.server.middleware import REQUEST_OBSERVERS, AccessRecord
 from tests.e2e.test_ui_chromium import CHROMIUM, WITHIN, DevTools, chromium
 from tests.helpers.models import demo_config, exclusive_config
+from tests.helpers.wait import eventually
 from tests.integration.server.conftest import Served, serving
 
 pytestmark = [
@@ -94,6 +95,18 @@ async def run_in_page(page: DevTools, script: str) -> Any:
     return result["result"].get("value")
 
 
+async def arrived(page: DevTools, url: str) -> None:
+    """Wait until the page shows `url`, loaded (evaluating fails while the old document goes away)."""
+    async def there() -> bool:
+        try:
+            return bool(await page.evaluate(
+                f"location.href === {json.dumps(url)} && document.readyState === 'complete'"))
+        except AssertionError:
+            return False
+
+    await eventually(there, within=WITHIN, interval=0.05, what=f"the page to open {url}")
+
+
 def config() -> Any:
     return exclusive_config(demo_config("m"), demo_config("other"),
                             allowed_origins=(parse_origin_pattern("http://good.test:*"),))
@@ -127,6 +140,15 @@ async def test_a_foreign_page_can_neither_read_nor_unload_nor_rebind(tmp_path: P
         assert ("GET", "/unload", 403) in statuses
         assert served.router.processes["m"].state is ProcessState.READY
         assert served.router.processes["other"].state is ProcessState.STOPPED
+
+        # A link the page follows by itself: a cross-site navigation, no Origin either.
+        await page.evaluate(f"(() => {{ const a = document.createElement('a'); a.href = '{api}/unload'; "
+                            "document.body.append(a); a.click(); })()")
+        await arrived(page, f"{api}/unload")
+        shown = await page.evaluate("document.body.innerText")
+        assert "a page on another site may not drive llmswap" in shown
+        assert statuses.count(("GET", "/unload", 403)) == 2
+        assert served.router.processes["m"].state is ProcessState.READY
 
         # DNS rebinding: evil.test now "is" llmswap, so its page talks to llmswap same-origin.
         await page.navigate(f"http://evil.test:{served.url.rsplit(':', 1)[1]}/ui")
