@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
+from llmswap.config.access_section import read_allowed_hosts, read_allowed_origins
 from llmswap.config.envsubst import substitute_env
 from llmswap.config.errors import ConfigError, Problem, Problems, in_file_order
 from llmswap.config.fields import Fields
@@ -57,6 +58,8 @@ TOP_LEVEL_KEYS = (
     "maxRequestBodySize",
     "stateDir",
     "tasks",
+    "cors",
+    "allowedHosts",
 )
 # llama-swap features llmswap does not have; a llama-swap file carrying them still loads.
 IGNORED_TOP_LEVEL_KEYS = (
@@ -191,6 +194,8 @@ def load_tree(tree: Map, problems: Problems, *, path: str, base_dir: Path) -> Co
         max_request_body=_max_request_body(root),
         state_dir=resolve_path(state_dir or DEFAULT_STATE_DIR, base_dir),
         tasks=read_tasks(root, base_dir, resolve),
+        allowed_origins=read_allowed_origins(root),
+        allowed_hosts=read_allowed_hosts(root),
         warnings=tuple(str(warning) for warning in in_file_order(problems.warnings)),
     )
     problems.raise_if_errors()

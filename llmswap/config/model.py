@@ -14,6 +14,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from llmswap.config.origins import HostPattern, OriginPattern
+
 DEFAULT_GROUP_ID = "(default)"
 DEFAULT_CONCURRENCY_LIMIT = 10
 DEFAULT_HEALTH_CHECK_TIMEOUT = 120.0
@@ -228,6 +230,9 @@ class Config:
     max_request_body: int = DEFAULT_MAX_REQUEST_BODY  # llmswap: YAML `maxRequestBodySize`
     state_dir: Path | None = None  # llmswap: YAML `stateDir`, where learned footprints persist
     tasks: TasksConfig | None = None
+    # llmswap: YAML `cors.allowedOrigins` and `allowedHosts`, beyond loopback (llmswap.server.guard)
+    allowed_origins: tuple[OriginPattern, ...] = ()
+    allowed_hosts: tuple[HostPattern, ...] = ()
     warnings: tuple[str, ...] = ()  # unknown keys and silent adjustments, each naming file:line
 
     def real_model_name(self, name: str) -> str | None:

@@ -219,6 +219,8 @@ def format_config(config: Config) -> str:
             {"key": _redact(key.key), "priority": key.priority, "maxConcurrent": key.max_concurrent}
             for key in config.api_keys
         ],
+        "cors": {"allowedOrigins": [pattern.text for pattern in config.allowed_origins]},
+        "allowedHosts": [pattern.text for pattern in config.allowed_hosts],
         "upstream": {"ignorePaths": list(config.upstream_ignore_paths)},
         "hooks": {"on_startup": {"preload": list(config.preload)}},
         "models": {model_id: _model(model) for model_id, model in config.models.items()},

@@ -157,12 +157,8 @@ async def list_models(request: web.Request) -> web.Response:
             extras = server.router.model_extras(meta.get("modelID", record["id"]))
             if extras:
                 record["meta"]["llmswap"] = extras
-    response = web.json_response({"object": "list", "data": records})
-    origin = request.headers.get("Origin")
-    if origin:
-        # A browser page on that origin may read the list even with credentials in play.
-        response.headers["Access-Control-Allow-Origin"] = origin
-    return response
+    # An allowed page's origin comes back on every answer (llmswap.server.guard), this one included.
+    return web.json_response({"object": "list", "data": records})
 
 
 # ------------------------------------------------------------------------------------------ /running

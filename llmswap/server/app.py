@@ -22,6 +22,7 @@ def create_app(server_state: ServerState) -> web.Application:
         admin,
         auth,
         events,
+        guard,
         inference,
         logs,
         metrics,
@@ -33,11 +34,12 @@ def create_app(server_state: ServerState) -> web.Application:
 
     app = web.Application(
         client_max_size=server_state.config.max_request_body,
-        middlewares=[middleware.access_log, middleware.errors, middleware.cors, auth.middleware],
+        middlewares=[middleware.access_log, middleware.errors, guard.middleware, auth.middleware],
         handler_args={"tcp_keepalive": True},
     )
     app[STATE] = server_state
     middleware.setup(app)
+    guard.setup(app)
     inference.setup(app)
     admin.setup(app)
     logs.setup(app)

@@ -32,6 +32,7 @@ from llmswap.process.logring import LogRing
 from llmswap.router import build_router
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.server.app import create_app
+from llmswap.server.guard import is_loopback_listener
 from llmswap.server.logsetup import configure_logging
 from llmswap.server.reload import WATCH_INTERVAL, ConfigWatcher, ReloadOutcome, reload_from_sources
 from llmswap.server.state import ServerState
@@ -103,7 +104,8 @@ class Server:
             router = build_router(config)
         except ValueError as err:
             raise UnusableConfig(f"{config.path or 'the config'}: {err}") from None
-        self.state = ServerState(config=config, router=router, proxy_log=self.proxy_log)
+        self.state = ServerState(config=config, router=router, proxy_log=self.proxy_log,
+                                 loopback_listener=is_loopback_listener(options.host))
         self.runner: web.AppRunner | None = None
         self.url = ""
         self._stop = asyncio.Event()

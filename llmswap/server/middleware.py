@@ -1,18 +1,16 @@
-"""The middlewares every request passes through: the access log, error shaping and CORS.
+"""The middlewares every request passes through: the access log and error shaping.
 
-Order (outermost first, see `app.py`): `access_log` → `errors` → `cors` → `auth.middleware` → route.
-`errors` turns anything a route or aiohttp itself raises (404/405 from the router, 413 from the body limit,
-a bug) into llmswap's error envelope, so no client ever sees aiohttp's HTML page or a traceback. `cors`
-answers every preflight before auth runs (browsers never send credentials on a preflight), and `setup`
-installs the hook that puts `Access-Control-Allow-Origin` on every response, streamed ones included.
+Order (outermost first, see `app.py`): `access_log` → `errors` → `guard.middleware` → `auth.middleware`
+→ route. `errors` turns anything a route or aiohttp itself raises (404/405 from the router, 413 from the
+body limit, a bug) into llmswap's error envelope, so no client ever sees aiohttp's HTML page or a
+traceback. Origins, Host names and CORS are `llmswap.server.guard`'s.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -26,11 +24,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Never sent: marks, in the access log, a response the client did not stay for.
 CLIENT_GONE = 499
-
-ALLOW_METHODS = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
-DEFAULT_ALLOW_HEADERS = "Content-Type, Authorization, Accept, X-Requested-With"
-PREFLIGHT_MAX_AGE = "86400"
-_HEADER_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 @dataclass
@@ -180,40 +173,6 @@ def _http_error_message(request: web.Request, exc: web.HTTPException) -> str:
     return exc.reason
 
 
-@web.middleware
-async def cors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.method == "OPTIONS":
-        return web.Response(status=204, headers=preflight_headers(request.headers))
-    return await handler(request)
-
-
-def preflight_headers(request_headers: Mapping[str, str]) -> dict[str, str]:
-    """The answer to a CORS preflight: any origin, the usual methods, the asked-for headers."""
-    requested = sanitize_header_names(request_headers.get("Access-Control-Request-Headers", ""))
-    return {
-        "Access-Control-Allow-Origin": "*",
-        "Access-Control-Allow-Methods": ALLOW_METHODS,
-        "Access-Control-Allow-Headers": requested or DEFAULT_ALLOW_HEADERS,
-        "Access-Control-Max-Age": PREFLIGHT_MAX_AGE,
-    }
-
-
-def sanitize_header_names(value: str) -> str:
-    """The comma-separated header names that are valid HTTP tokens (nothing else is echoed back)."""
-    names = (part.strip() for part in value.split(","))
-    return ", ".join(name for name in names if _HEADER_TOKEN.fullmatch(name))
-
-
-async def _allow_any_origin(request: web.BaseRequest, response: web.StreamResponse) -> None:
-    origins = response.headers.getall("Access-Control-Allow-Origin", [])
-    if len(origins) == 1:
-        return  # a route (or the upstream) chose one: keep it
-    # None yet: any origin. Several (an upstream's plus ours): one value, since clients reject a list.
-    response.headers["Access-Control-Allow-Origin"] = origins[0] if origins else "*"
-
-
 def setup(app: web.Application) -> None:
-    """Install the response hook that gives every response, streamed ones too, its CORS origin header;
-    start the (empty) list of request observers."""
-    app.on_response_prepare.append(_allow_any_origin)
+    """Start the (empty) list of request observers."""
     app[REQUEST_OBSERVERS] = []

@@ -27,6 +27,9 @@ class ServerState:
     router: BaseRouter
     proxy_log: LogRing = field(default_factory=lambda: LogRing("proxy"))
     started_at: float = field(default_factory=time.time)
+    # Whether the listener opens loopback addresses only: then a non-loopback Host is refused
+    # (llmswap.server.guard). The lifecycle sets it from --listen.
+    loopback_listener: bool = True
     # Filled by the modules that own them (upstream pool, metrics, event bus...), keyed by module name.
     extras: dict[str, Any] = field(default_factory=dict)
     # Called with every router put in place after the first (a config reload): see `watch_router`.

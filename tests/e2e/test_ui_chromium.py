@@ -119,8 +119,9 @@ class DevTools:
 
 
 @contextlib.asynccontextmanager
-async def chromium(folder: Path, http: aiohttp.ClientSession) -> AsyncIterator[DevTools]:
-    """A headless Chromium on a free DevTools port, killed with its whole process group afterwards."""
+async def chromium(folder: Path, http: aiohttp.ClientSession, *args: str) -> AsyncIterator[DevTools]:
+    """A headless Chromium on a free DevTools port (with extra command-line `args`), killed with its whole
+    process group afterwards."""
     assert CHROMIUM is not None, "LLMSWAP_REQUIRE_E2E=1 but no chromium binary (apt-get install chromium)"
     profile = folder / "profile"
     profile.mkdir()
@@ -130,7 +131,7 @@ async def chromium(folder: Path, http: aiohttp.ClientSession) -> AsyncIterator[D
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
         "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--remote-debugging-address=127.0.0.1",
         "--remote-debugging-port=0",  # Chromium picks a free port and writes it to DevToolsActivePort
-        f"--window-size={WIDTH},{HEIGHT}", "about:blank",
+        f"--window-size={WIDTH},{HEIGHT}", *args, "about:blank",
         stdout=log, stderr=log, start_new_session=True,
     )
     devtools: DevTools | None = None

@@ -115,11 +115,11 @@ async def test_every_other_route_needs_a_key(serve_config, http):
 
 async def test_cors_preflight_needs_no_key(serve_config, http):
     served = await serve_config(keyed_config())
-    headers = {"Origin": "http://app.example", "Access-Control-Request-Method": "POST",
+    headers = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
                "Access-Control-Request-Headers": "authorization, content-type"}
     async with http.options(served.at("/v1/chat/completions"), headers=headers) as resp:
         assert resp.status == 204
-        assert resp.headers["Access-Control-Allow-Origin"] == "*"
+        assert resp.headers["Access-Control-Allow-Origin"] == "http://localhost:3000"
         assert resp.headers["Access-Control-Allow-Methods"] == "GET, POST, PUT, PATCH, DELETE, OPTIONS"
         assert resp.headers["Access-Control-Allow-Headers"] == "authorization, content-type"
         assert resp.headers["Access-Control-Max-Age"] == "86400"

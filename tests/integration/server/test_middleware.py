@@ -1,5 +1,5 @@
-"""The middlewares through real HTTP: CORS headers on every kind of response, one access-log line per
-request, and errors (413, a bug in a route, a failure mid-stream) shaped or cut, never a traceback."""
+"""The middlewares through real HTTP: one access-log line per request, and errors (413, a bug in a route,
+a failure mid-stream) shaped or cut, never a traceback. Origins and CORS: test_guard.py."""
 
 from __future__ import annotations
 
@@ -17,25 +17,6 @@ from tests.helpers.models import demo_config, exclusive_config
 from tests.helpers.wait import eventually
 
 HOST = "127.0.0.1"
-
-
-async def test_every_response_allows_any_origin(serve_config, http):
-    served = await serve_config(exclusive_config(demo_config("m")))
-    async with http.get(served.at("/health")) as resp:
-        assert resp.headers.getall("Access-Control-Allow-Origin") == ["*"]
-    async with http.get(served.at("/no/such/route")) as resp:
-        assert resp.status == 404
-        assert resp.headers.getall("Access-Control-Allow-Origin") == ["*"]
-    async with http.get(served.at("/logs/stream?no-history")) as resp:
-        assert resp.status == 200
-        assert resp.headers.getall("Access-Control-Allow-Origin") == ["*"]
-
-
-async def test_preflight_on_any_path_is_204(serve_config, http):
-    served = await serve_config(exclusive_config(demo_config("m")))
-    async with http.options(served.at("/anything/at/all")) as resp:
-        assert resp.status == 204
-        assert resp.headers["Access-Control-Allow-Headers"] == middleware.DEFAULT_ALLOW_HEADERS
 
 
 async def test_one_access_line_per_request_naming_the_model(serve_config, http, caplog):
@@ -105,7 +86,7 @@ async def moves(request: web.Request) -> web.Response:
 
 @pytest.fixture
 async def bare_app() -> AsyncIterator[str]:
-    app = web.Application(middlewares=[middleware.access_log, middleware.errors, middleware.cors],
+    app = web.Application(middlewares=[middleware.access_log, middleware.errors],
                           client_max_size=2048)
     middleware.setup(app)
     app.router.add_get("/broken", broken)
@@ -132,7 +113,6 @@ async def test_a_bug_in_a_route_is_a_500_envelope_and_a_logged_traceback(bare_ap
             text = await resp.text()
     assert "Traceback" not in text and "a bug in a route" not in text
     assert "internal error while handling GET /broken" in text
-    assert resp.headers["Access-Control-Allow-Origin"] == "*"
     [record] = [r for r in caplog.records if r.name == "llmswap.server"]
     assert record.exc_info is not None and "a bug in a route" in str(record.exc_info[1])
 

@@ -1,11 +1,8 @@
-"""Access-log lines and CORS preflight answers (no event loop)."""
+"""Access-log lines (no event loop). CORS preflight answers are tested in test_guard.py."""
 
 from llmswap.server.middleware import (
     CLIENT_GONE,
-    DEFAULT_ALLOW_HEADERS,
     access_line,
-    preflight_headers,
-    sanitize_header_names,
     too_large_message,
 )
 
@@ -22,31 +19,6 @@ def test_access_line_without_a_model_or_remote():
 def test_access_line_says_when_the_client_left():
     line = access_line("::1", "POST", "/v1/completions", CLIENT_GONE, 1.5, "m")
     assert '"POST /v1/completions" client gone 1500.0ms model=m' in line
-
-
-def test_preflight_echoes_requested_headers():
-    headers = preflight_headers({"Access-Control-Request-Headers": "content-type, x-api-key"})
-    assert headers == {
-        "Access-Control-Allow-Origin": "*",
-        "Access-Control-Allow-Methods": "GET, POST, PUT, PATCH, DELETE, OPTIONS",
-        "Access-Control-Allow-Headers": "content-type, x-api-key",
-        "Access-Control-Max-Age": "86400",
-    }
-
-
-def test_preflight_without_requested_headers_allows_the_usual_ones():
-    assert preflight_headers({})["Access-Control-Allow-Headers"] == DEFAULT_ALLOW_HEADERS
-
-
-def test_header_names_that_are_not_tokens_are_not_echoed():
-    assert sanitize_header_names("x-ok, bad header, x\"quote, ,Authorization") == "x-ok, Authorization"
-    assert sanitize_header_names("evil\r\nSet-Cookie: a=b") == ""
-
-
-def test_only_invalid_names_fall_back_to_the_defaults():
-    assert preflight_headers({"Access-Control-Request-Headers": "a b"})["Access-Control-Allow-Headers"] == (
-        DEFAULT_ALLOW_HEADERS
-    )
 
 
 def test_body_limit_is_named_in_mib_when_it_is_whole():
