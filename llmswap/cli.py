@@ -3,6 +3,7 @@
     llmswap --config FILE [--listen HOST:PORT] [--watch-config] [--log-level LEVEL]
     llmswap check-config FILE
     llmswap tasks submit|list|show|cancel --config FILE ...
+    llmswap ps|load MODEL|unload [MODEL] [--url URL]   (admin commands against a running llmswap)
     llmswap --version
 
 Exit status: 0 after a clean stop (or a valid config), 1 for a config that does not load or an address
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from llmswap import __version__
+from llmswap import __version__, admin_cli
 from llmswap.config import Config, ConfigError, format_config, load_config
 from llmswap.tasks import cli as task_cli
 
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", metavar="FILE", type=Path, help="the config file to check")
 
     task_cli.add_parser(commands)
+    admin_cli.add_parsers(commands)
     return parser
 
 
@@ -125,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return check_config(args.file)
     if args.command == "tasks":
         return task_cli.run(args)
+    if args.command in admin_cli.COMMANDS:
+        return admin_cli.run(args)
     if args.config is None:
         parser.error("--config FILE is required to serve (or give a command: check-config, tasks)")
     return serve_command(args)
