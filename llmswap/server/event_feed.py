@@ -70,6 +70,7 @@ class EventFeed:
         self._poller: asyncio.Task[None] | None = None
         self._routers = 0
         self._rings: dict[int, LogRing] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # the streams' loop, once one subscribed
         self.inflight = tracker_of(server_state)
         self.inflight.listeners.append(self.on_inflight)
         self._follow_log(server_state.proxy_log, "proxy")
@@ -145,16 +146,30 @@ class EventFeed:
         self._rings[id(ring)] = ring
 
         def on_line(line: str) -> None:
-            self.bus.publish(Event("logData", {"source": source, "data": line + "\n"}))
+            if not self.bus.subscribers:
+                return
+            event = Event("logData", {"source": source, "data": line + "\n"})
+            loop = self._loop
+            if loop is not None and not _on_loop(loop):
+                if loop.is_closed():
+                    return
+                # A record logged from a worker thread (the task queue's SQLite calls): the bus and its
+                # subscribers belong to the loop.
+                loop.call_soon_threadsafe(self.bus.publish, event)
+            else:
+                self.bus.publish(event)
 
         ring.listeners.append(on_line)
 
     def on_inflight(self, operation: str, entry: InflightEntry) -> None:
         if operation == "remove":
             self._sent_bytes.pop(entry.id, None)
-            self.bus.publish(Event("inflight", {"operation": "remove", "id": entry.id}))
+            if self.bus.subscribers:
+                self.bus.publish(Event("inflight", {"operation": "remove", "id": entry.id}))
             return
         self._sent_bytes[entry.id] = entry.resp_bytes
+        if not self.bus.subscribers:
+            return  # nobody to tell: the entry dict is built only for listeners
         self.bus.publish(Event("inflight", {"operation": "upsert",
                                             "request": entry.as_dict(self.inflight.monotonic())}))
         self._check_soon()
@@ -213,6 +228,7 @@ class EventFeed:
     # ------------------------------------------------------------------ subscribers
 
     def subscribe(self) -> Subscription:
+        self._loop = asyncio.get_running_loop()
         subscription = self.bus.subscribe()
         if self._poller is None and not self.bus.closed:
             self._poller = asyncio.get_running_loop().create_task(self._watch_counts(), name="events-counts")
@@ -257,6 +273,13 @@ class EventFeed:
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def _history(ring: LogRing) -> str:

@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -50,17 +50,18 @@ class InflightEntry:
     model: str
     req_path: str
     method: str
-    req_headers: dict[str, str]
+    # The headers as received and as sent: redacted only when shown, so an untracked moment costs nothing.
+    request_headers: Mapping[str, str]
     remote_ip: str
-    resp_headers: dict[str, str] = field(default_factory=dict)
+    response_headers: Mapping[str, str] | None = None
     resp_bytes: int = 0
 
     def as_dict(self, now_monotonic: float) -> dict[str, Any]:
         stamp = datetime.fromtimestamp(self.started, UTC).isoformat().replace("+00:00", "Z")
         return {
             "id": self.id, "timestamp": stamp, "model": self.model, "req_path": self.req_path,
-            "method": self.method, "req_headers": self.req_headers, "remote_ip": self.remote_ip,
-            "resp_headers": self.resp_headers, "resp_bytes": self.resp_bytes,
+            "method": self.method, "req_headers": redacted(self.request_headers), "remote_ip": self.remote_ip,
+            "resp_headers": redacted(self.response_headers or {}), "resp_bytes": self.resp_bytes,
             "elapsed_ms": int((now_monotonic - self.started_monotonic) * 1000),
         }
 
@@ -93,7 +94,7 @@ class InflightTracker:
         """Hold an entry for `request` (routed to `model`) while the block runs."""
         entry = InflightEntry(
             id=str(next(self._ids)), started=self.wall_clock(), started_monotonic=self.monotonic(),
-            model=model, req_path=request.path, method=request.method, req_headers=redacted(request.headers),
+            model=model, req_path=request.path, method=request.method, request_headers=request.headers,
             remote_ip=remote_ip(request),
         )
         self._entries[entry.id] = entry
@@ -107,8 +108,8 @@ class InflightTracker:
             self._tell("remove", entry)
 
     def responded(self, entry: InflightEntry, headers: Mapping[str, str]) -> None:
-        if entry.id in self._entries and not entry.resp_headers:
-            entry.resp_headers = redacted(headers)
+        if entry.id in self._entries and entry.response_headers is None:
+            entry.response_headers = headers
             self._tell("upsert", entry)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from dataclasses import dataclass
 
 from multidict import CIMultiDict
@@ -247,3 +248,21 @@ def test_credentials_are_redacted_in_shown_headers_and_only_the_first_value_is_k
                            ("Accept", "a/b"), ("Accept", "c/d")])
     assert redacted(headers) == {"Authorization": "[REDACTED]", "x-api-key": "[REDACTED]",
                                  "Cookie": "[REDACTED]", "Accept": "a/b"}
+
+
+async def test_a_line_logged_from_a_worker_thread_is_published_on_the_loop():
+    state, feed = feed_for(model("a"))
+    listener = feed.subscribe()
+    publishing_threads: list[int] = []
+    publish = feed.bus.publish
+
+    def recording(event: Event) -> None:
+        publishing_threads.append(threading.get_ident())
+        publish(event)
+
+    feed.bus.publish = recording  # type: ignore[method-assign]
+    await asyncio.to_thread(state.proxy_log.append, "from a thread")
+    item = await listener.next(timeout=5.0)
+    assert item == Event("logData", {"source": "proxy", "data": "from a thread\n"})
+    assert publishing_threads == [threading.get_ident()]  # the loop's thread, not the worker's
+    await feed.close()
