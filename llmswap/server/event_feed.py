@@ -36,7 +36,10 @@ POLL_INTERVAL = 0.25  # seconds between looks at queue counts and in-flight byte
 RECENT_SWAPS = 50  # swaps a snapshot carries
 LOG_SOURCES = ("proxy", "upstream")
 
-# Typed events other modules publish (`EventFeed.publish`), by type: what each becomes on the stream.
+# Typed events other modules publish (`EventFeed.publish`, or as router observers), by type: what each
+# becomes on the stream. A profile switch registers as `TYPED_EVENTS[ProfileChanged] = lambda feed, event:
+# feed.profile_changed()` (profileChanged, then modelStatus), with the feed's `active_profile` reading the
+# same state.
 TYPED_EVENTS: dict[type, Callable[[EventFeed, Any], None]] = {}
 
 

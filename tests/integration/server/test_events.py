@@ -83,6 +83,11 @@ async def chat(http: aiohttp.ClientSession, served: Served, model: str, **header
         return response.status
 
 
+def upserted(seen: list[Frame]) -> list[dict[str, Any]]:
+    """The entries of every `inflight` upsert seen, in order."""
+    return [data["request"] for kind, data in seen if kind == "inflight" and data["operation"] == "upsert"]
+
+
 def states(status: list[dict[str, Any]]) -> dict[str, str]:
     return {entry["id"]: entry["state"] for entry in status}
 
@@ -134,8 +139,7 @@ async def test_a_request_in_flight_is_upserted_then_removed(
         headers = {"Authorization": "Bearer secret-value", "X-Forwarded-For": "203.0.113.9, 10.0.0.1"}
         assert await chat(http, served, "m", **headers) == 200
         removed = await stream.until("inflight", operation="remove")
-    upserts = [data["request"] for kind, data in stream.seen
-               if kind == "inflight" and data["operation"] == "upsert"]
+    upserts = upserted(stream.seen)
     assert upserts and all(entry["id"] == removed["id"] for entry in upserts)
     first, last = upserts[0], upserts[-1]
     assert first["model"] == "m" and first["method"] == "POST" and first["req_path"] == "/v1/chat/completions"
@@ -144,6 +148,21 @@ async def test_a_request_in_flight_is_upserted_then_removed(
     assert first["resp_headers"] == {} and first["resp_bytes"] == 0
     assert last["resp_headers"]["Content-Type"].startswith("application/json")  # upserted as headers went out
     assert first["timestamp"].endswith("Z") and isinstance(first["elapsed_ms"], int)
+
+
+async def test_a_streaming_answer_reports_its_byte_progress_while_in_flight(
+    serve_config: ServeConfig, http: aiohttp.ClientSession
+) -> None:
+    served = await serve_config(exclusive_config(demo_config("m", "--tokens-per-second", "20")))
+    async with events(http, served) as stream:
+        await stream.opening()
+        body = {"model": "m", "messages": MESSAGES, "max_tokens": 20, "stream": True}
+        async with http.post(served.at("/v1/chat/completions"), json=body) as response:
+            sent = len(await response.read())
+        removed = await stream.until("inflight", operation="remove")
+    progress = [entry["resp_bytes"] for entry in upserted(stream.seen) if entry["id"] == removed["id"]]
+    assert any(0 < count < sent for count in progress)  # seen part way through
+    assert progress == sorted(progress)
 
 
 async def test_a_stream_opened_during_a_request_gets_it_in_the_snapshot(
