@@ -1,5 +1,6 @@
-"""The requests in flight: one entry per model-routed request from the moment its model is known until its
-handler returns, as llama-swap's `inflight` events show them (reference section 4).
+"""The requests in flight, as llama-swap's `inflight` events show them: one entry per model-routed request
+(the inference routes, and `/upstream/<model>/<path>` when the path is itself an inference route) from the
+moment its model is known until its handler returns.
 
 An entry holds what the request said (method, path, headers with credentials redacted, client address) and
 what has gone back so far (response headers once sent, body bytes relayed). The tracker tells its listeners
@@ -90,12 +91,13 @@ class InflightTracker:
             listener(operation, entry)
 
     @contextlib.contextmanager
-    def track(self, request: web.Request, model: str) -> Iterator[InflightEntry]:
-        """Hold an entry for `request` (routed to `model`) while the block runs."""
+    def track(self, request: web.Request, model: str, path: str | None = None) -> Iterator[InflightEntry]:
+        """Hold an entry for `request` (routed to `model`; `path` as shown, default the request's) while the
+        block runs."""
         entry = InflightEntry(
             id=str(next(self._ids)), started=self.wall_clock(), started_monotonic=self.monotonic(),
-            model=model, req_path=request.path, method=request.method, request_headers=request.headers,
-            remote_ip=remote_ip(request),
+            model=model, req_path=request.path if path is None else path, method=request.method,
+            request_headers=request.headers, remote_ip=remote_ip(request),
         )
         self._entries[entry.id] = entry
         request[ENTRY] = entry

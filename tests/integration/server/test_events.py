@@ -150,6 +150,22 @@ async def test_a_request_in_flight_is_upserted_then_removed(
     assert first["timestamp"].endswith("Z") and isinstance(first["elapsed_ms"], int)
 
 
+async def test_upstream_paths_are_tracked_only_when_they_are_model_routes(
+    serve_config: ServeConfig, http: aiohttp.ClientSession
+) -> None:
+    served = await serve_config(exclusive_config(demo_config("m")))
+    async with events(http, served) as stream:
+        await stream.opening()
+        async with http.get(served.at("/upstream/m/health")) as response:
+            assert response.status == 200
+        body = {"model": "m", "messages": MESSAGES, "max_tokens": 3}
+        async with http.post(served.at("/upstream/m/v1/chat/completions"), json=body) as response:
+            assert response.status == 200
+        await stream.until("inflight", operation="remove")
+    assert {(entry["method"], entry["req_path"]) for entry in upserted(stream.seen)} == {
+        ("POST", "/v1/chat/completions")}
+
+
 async def test_a_streaming_answer_reports_its_byte_progress_while_in_flight(
     serve_config: ServeConfig, http: aiohttp.ClientSession
 ) -> None:
