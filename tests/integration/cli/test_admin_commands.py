@@ -39,7 +39,8 @@ async def llmswap(*args: str, key: str | None = KEY) -> Ran:
 
 
 def config(tmp_path: Path) -> Path:
-    models = {"m": demo_model("m", "--startup-delay", "0.2", aliases=["mm"]), "other": demo_model("other")}
+    models = {"m": demo_model("m", "--startup-delay", "0.2", aliases=["mm"]), "other": demo_model("other"),
+              "bad": demo_model("bad", "--exit-after", "0")}
     return write_config(tmp_path / "config.yaml", models, apiKeys=[KEY])
 
 
@@ -60,8 +61,9 @@ async def test_load_shows_in_ps_and_unload_stops_it(tmp_path: Path) -> None:
         assert header.split()[:3] == ["MODEL", "STATE", "FOOTPRINT"] and "IN FLIGHT" in header
         assert row.split()[:2] == ["m", "ready"] and str(pid) in row
         listed = json.loads((await llmswap("ps", "--all", "--json", *url)).out)
-        assert {m["model"]: m["state"] for m in listed["models"]} == {"m": "ready", "other": "stopped"}
-        assert listed["models"][0] | {"last_start_seconds": None} == {
+        assert {m["model"]: m["state"] for m in listed["models"]} == {
+            "bad": "stopped", "m": "ready", "other": "stopped"}
+        assert listed["models"][1] | {"last_start_seconds": None} == {
             "model": "m", "state": "ready", "footprint": None, "in_flight": 0, "queued": 0, "pid": pid,
             "last_start_seconds": None}
 
@@ -84,6 +86,14 @@ async def test_an_unknown_model_is_refused_with_the_servers_reason(tmp_path: Pat
             assert ran.err.startswith(f"llmswap {command}: model not found: 'nope'")
             assert "(HTTP 404)" in ran.err
             assert "Traceback" not in ran.err
+
+
+async def test_a_model_that_cannot_start_fails_the_load_with_the_reason(tmp_path: Path) -> None:
+    async with running_llmswap(config(tmp_path)) as server:
+        ran = await llmswap("load", "bad", "--url", server.url)
+        assert ran.status == 1 and ran.out == ""
+        assert ran.err.startswith("llmswap load: ") and "exited" in ran.err and "(HTTP 5" in ran.err
+        assert "Traceback" not in ran.err
 
 
 async def test_a_missing_key_names_the_environment_variable(tmp_path: Path) -> None:
