@@ -4,6 +4,7 @@
             [--tls-cert-file FILE --tls-key-file FILE]
     llmswap check-config FILE | --config FILE [--config-dir DIR]
     llmswap tasks submit|list|show|cancel --config FILE ...
+    llmswap ps|load MODEL|unload [MODEL] [--url URL]   (admin commands against a running llmswap)
     llmswap --version
 
 llama-swap's own spellings (`-config`, `-config-dir`, `-listen`, `-watch-config`, `-tls-cert-file`,
@@ -20,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from llmswap import __version__
+from llmswap import __version__, admin_cli
 from llmswap.cliargs import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(check, subcommand=True)
 
     task_cli.add_parser(commands)
+    admin_cli.add_parsers(commands)
     return parser
 
 
@@ -126,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return check_config(config_sources(args, parser, file=args.file))
     if args.command == "tasks":
         return task_cli.run(config_sources(args, parser), args)
+    if args.command in admin_cli.COMMANDS:
+        return admin_cli.run(args)
     host, port = listen_address(args, parser)
     return serve_command(config_sources(args, parser), args, host, port)
 

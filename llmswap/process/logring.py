@@ -36,6 +36,8 @@ class LogRing:
         self.name = name
         self._entries: deque[LogEntry] = deque(maxlen=capacity)
         self._subscribers: set[LogSubscription] = set()
+        # Called with every line as it is appended, synchronously (the events stream's `logData`).
+        self.listeners: list[Callable[[str], None]] = []
         self._wall_clock = wall_clock
         self.total = 0  # lines ever appended: a position that survives the ring wrapping around
 
@@ -47,6 +49,8 @@ class LogRing:
         self.total += 1
         for subscriber in self._subscribers:
             subscriber._deliver(line)
+        for listener in self.listeners:
+            listener(line)
 
     def history(self) -> list[str]:
         return [entry.line for entry in self._entries]

@@ -1,4 +1,5 @@
-"""Admin and info routes: the model list, what is running, unloading, health, version, the root redirect.
+"""Admin and info routes: the model list, what is running, loading and unloading, health, version, the root
+redirect.
 
 Bodies follow llama-swap's (`/v1/models` with `meta.llamaswap`, `/running`, the `OK` / `{"msg":"ok"}`
 answers of the unload routes) so scripts written against it keep working; llmswap's additions are extra
@@ -19,11 +20,13 @@ from llmswap import __version__
 from llmswap.config.model import Capabilities, Config, ModelConfig
 from llmswap.process.state import ProcessState
 from llmswap.router.base import ProcessLike
+from llmswap.scheduler.errors import SchedulerError
 from llmswap.scheduler.types import SchedulerSnapshot
-from llmswap.server.errors import error_response
+from llmswap.server.errors import error_response, scheduler_error_response
 from llmswap.server.middleware import note_model
 from llmswap.server.peers import peer_models
-from llmswap.server.state import state
+from llmswap.server.proxy import CLIENT_CLOSED_REQUEST, while_connected
+from llmswap.server.state import request_api_key, state
 
 log = logging.getLogger("llmswap.admin")
 
@@ -39,6 +42,7 @@ def setup(app: web.Application) -> None:
     app.router.add_get("/unload", unload_all_text)
     app.router.add_post("/api/models/unload", unload_all_json)
     app.router.add_post("/api/models/unload/{model:.+}", unload_model)
+    app.router.add_post("/api/models/load/{model:.+}", load_model)
     app.router.add_get("/health", health)
     app.router.add_get("/wol-health", health)
     app.router.add_get("/", root)
@@ -239,6 +243,40 @@ async def unload_model(request: web.Request) -> web.Response:
     log.info("unload: stopping %s (%s %s)", model_id, request.method, request.path)
     await server.router.unload([model_id])
     return web.Response(text="OK")
+
+
+# ------------------------------------------------------------------------------------------ loading
+
+
+async def load_model(request: web.Request) -> web.StreamResponse:
+    """Start a model without an inference request: asked of the router as a request would be (the scheduler
+    decides what stops for it and when), answered once the model is ready or could not start."""
+    server = state(request)
+    name = request.match_info["model"]
+    model_id = server.config.real_model_name(name)
+    if model_id is None or model_id not in server.router.processes:
+        return error_response(
+            request, 404, f"model not found: {name!r} is neither a model id nor an alias of this config",
+        )
+    note_model(request, model_id)
+    log.info("load: starting %s (%s %s)", model_id, request.method, request.path)
+    return await while_connected(request, _load(request, model_id),
+                                 on_gone=lambda: web.Response(status=CLIENT_CLOSED_REQUEST))
+
+
+async def _load(request: web.Request, model_id: str) -> web.StreamResponse:
+    router = state(request).router
+    key = request_api_key(request)
+    try:
+        async with router.acquire(model_id, priority=key.priority if key is not None else 0,
+                                  api_key=key.key if key is not None else None) as process:
+            last_start = process.last_start_duration
+    except SchedulerError as err:
+        return scheduler_error_response(request, err)
+    return web.json_response({
+        "msg": "ok", "model": model_id, "state": ProcessState.READY.value,
+        "last_start_seconds": round(last_start, 3) if last_start is not None else None,
+    })
 
 
 # ------------------------------------------------------------------------------------------ small routes

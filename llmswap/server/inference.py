@@ -23,6 +23,7 @@ from llmswap.scheduler.errors import SchedulerError
 from llmswap.server import middleware
 from llmswap.server.errors import error_response, scheduler_error_response
 from llmswap.server.filters import FilterPlan, apply_plan, plan_for
+from llmswap.server.inflight import tracker_of
 from llmswap.server.loading import LoadingFeedback, StreamDialect, dialect_for
 from llmswap.server.peers import forward_to_peer, resolve_peer
 from llmswap.server.proxy import (
@@ -180,11 +181,13 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
         real = config.real_model_name(found.model)
         if real is not None:
             middleware.note_model(request, real)
-            return await _serve_local(request, server, router, config.models[real], incoming)
+            with tracker_of(server).track(request, real):
+                return await _serve_local(request, server, router, config.models[real], incoming)
         peer = resolve_peer(config, found.model)
         if peer is not None:
             middleware.note_model(request, found.model)
-            return await _serve_peer(request, peer[0], peer[1], incoming)
+            with tracker_of(server).track(request, found.model):
+                return await _serve_peer(request, peer[0], peer[1], incoming)
     except ConnectionResetError:
         return _client_left()
     return error_response(request, 404, "no router for requested model")

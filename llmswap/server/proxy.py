@@ -22,7 +22,7 @@ from yarl import URL
 
 from llmswap.config.model import Timeouts
 from llmswap.server.errors import error_body, error_response
-from llmswap.server.middleware import note_first_byte
+from llmswap.server.inflight import note_relayed
 from llmswap.server.state import STATE, ServerState
 
 log = logging.getLogger("llmswap.proxy")
@@ -323,7 +323,7 @@ async def _relay_body(
         if not chunk:
             break
         await response.write(chunk)
-        note_first_byte(request)
+        note_relayed(request, len(chunk))
     await response.write_eof()
     return True
 

@@ -1,9 +1,9 @@
 """The status page: `/ui`, `/ui/` and `/ui/models` (where llama-swap links) serve one static HTML file.
 
-The page (`static/index.html`, inline CSS and JS, no build step) draws everything from `/api/events` and
-tails `/logs/stream`. It is open without a key like the rest of `/ui` (see `auth.OPEN_PREFIX`); with
-`apiKeys` set it asks for a key (or reads `#key=...` from the URL) and sends it as a Bearer header on its
-own fetch calls.
+The page (`static/index.html`, inline CSS and JS, no build step) draws everything, its log tail included,
+from the one `/api/events` stream, and posts to the load and unload routes for its per-model buttons. It
+is open without a key like the rest of `/ui` (see `auth.OPEN_PREFIX`); with `apiKeys` set it asks for a
+key (or reads `#key=...` from the URL) and sends it as a Bearer header on its own fetch calls.
 """
 
 from __future__ import annotations

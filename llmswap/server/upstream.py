@@ -28,13 +28,15 @@ from llmswap.process.state import ProcessState
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.server import proxy, websocket
 from llmswap.server.errors import error_response, scheduler_error_response
-from llmswap.server.inference import BodyTooLarge, read_body, request_priority
+from llmswap.server.inference import ROUTES, BodyTooLarge, read_body, request_priority
+from llmswap.server.inflight import tracker_of
 from llmswap.server.middleware import CLIENT_GONE, note_model, too_large_message
 from llmswap.server.peers import forward_to_peer, peer_headers, resolve_peer
 from llmswap.server.resolve import MalformedRequest
 from llmswap.server.state import request_api_key, state
 
 PREFIX = "/upstream/"
+MODEL_ROUTES = frozenset((route.method, route.path) for route in ROUTES)
 
 
 def setup(app: web.Application) -> None:
@@ -115,13 +117,23 @@ async def to_upstream(request: web.Request) -> web.StreamResponse:
     except MalformedRequest as exc:
         return error_response(request, 400, exc.message)
     body = raw if request.body_exists else None
-    if target.peer is not None:
-        note_model(request, f"{target.peer}/{target.model}")
-        peer = server.config.peers[target.peer]
-        # The body goes as the client sent it: no model rewrite, no filters (unlike the inference routes).
-        return await forward_to_peer(request, peer, path=target.path, body=body)
-    note_model(request, target.model)
-    return await _to_model(request, target.model, target.path, body, priority)
+    name = target.model if target.peer is None else f"{target.peer}/{target.model}"
+    note_model(request, name)
+    with _tracked(request, name, target.path):
+        if target.peer is not None:
+            peer = server.config.peers[target.peer]
+            # The body goes as the client sent it: no model rewrite, no filters (unlike the inference routes).
+            return await forward_to_peer(request, peer, path=target.path, body=body)
+        return await _to_model(request, target.model, target.path, body, priority)
+
+
+def _tracked(request: web.Request, model: str, raw_path: str) -> contextlib.AbstractContextManager[object]:
+    """An in-flight entry when the path is itself a model route (as llama-swap tracks them), shown by the
+    path after the model; nothing for the upstream's other pages."""
+    path = unquote(raw_path)
+    if (request.method, path) not in MODEL_ROUTES:
+        return contextlib.nullcontext()
+    return tracker_of(state(request)).track(request, model, path)
 
 
 def _refuse_while_down(request: web.Request, model_id: str, path: str) -> web.Response | None:

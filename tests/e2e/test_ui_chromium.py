@@ -28,10 +28,11 @@ import pytest
 from llmswap.config.model import ApiKey, Config, ModelConfig, RouterConfig, RoutingConfig, VramSettings
 from llmswap.gpu import FakeReader, GiB
 from llmswap.process.logring import LogRing
+from llmswap.process.state import ProcessState
 from llmswap.router import build_router
 from llmswap.server.logsetup import ProxyFormatter
 from llmswap.server.state import RingHandler
-from tests.helpers.models import demo_config
+from tests.helpers.models import demo_config, exclusive_config
 from tests.helpers.wait import eventually
 from tests.integration.server.conftest import Served, serving
 
@@ -265,3 +266,33 @@ def save_screenshot(data: bytes, folder: Path) -> None:
     keep = os.environ.get("LLMSWAP_UI_SCREENSHOT")
     if keep:
         Path(keep).write_bytes(data)
+
+
+def button(model: str, action: str) -> str:
+    return f'document.querySelector(\'tr[data-model="{model}"] button[data-action="{action}"]\')'
+
+
+async def test_the_load_and_unload_buttons_start_and_stop_a_model(tmp_path: Path) -> None:
+    config = exclusive_config(demo_config("m", "--startup-delay", "0.3"), demo_config("other"),
+                              api_keys=(ApiKey(KEY),))
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=WITHIN)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as http,
+        serving(config) as served,
+        chromium(tmp_path, http) as page,
+    ):
+        await page.call("Page.enable")
+        await page.navigate(served.at(f"/ui#key={KEY}"))
+        await page.wait_for("document.body.dataset.connection === 'live'", what="the page to connect")
+        await page.wait_for(f"{model_state('m')} === 'stopped'", what="m shown stopped")
+        assert await page.evaluate(f"{button('m', 'unload')}.disabled") is True  # nothing to unload yet
+
+        await page.evaluate(f"{button('m', 'load')}.click()")
+        await page.wait_for(f"{model_state('m')} === 'ready'", what="m shown ready after Load")
+        assert served.router.model_state("m") is ProcessState.READY
+        assert served.router.model_state("other") is ProcessState.STOPPED  # no request was needed
+        assert await page.evaluate(f"{button('m', 'load')}.disabled") is True
+
+        await page.evaluate(f"{button('m', 'unload')}.click()")
+        await page.wait_for(f"{model_state('m')} === 'stopped'", what="m shown stopped after Unload")
+        assert served.router.model_state("m") is ProcessState.STOPPED

@@ -1,16 +1,24 @@
-"""The event bus and the feed built on router notifications (no event loop, no processes)."""
+"""The event bus, the payloads and the feed built on router notifications (no processes, no HTTP)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
+from dataclasses import dataclass
 
-from llmswap.config.model import Config, ModelConfig
+from multidict import CIMultiDict
+
+from llmswap.config.model import Capabilities, Config, ModelConfig, PeerConfig
 from llmswap.process import ProcessEvent
 from llmswap.router import BaseRouter, SwapFinished, SwapStarted, build_router
 from llmswap.scheduler.errors import SwapFailed
 from llmswap.scheduler.types import SwapPlan
-from llmswap.server.events import Event, EventBus, EventFeed, Mark, Subscription
+from llmswap.server import event_feed
+from llmswap.server.event_feed import EventFeed
+from llmswap.server.event_payloads import model_status
+from llmswap.server.eventbus import Event, EventBus, Mark, Subscription
+from llmswap.server.inflight import redacted
 from llmswap.server.state import ServerState
 from tests.helpers.fake_process import FakeScript, fake_factory
 from tests.helpers.wait import eventually
@@ -20,8 +28,8 @@ def model(model_id: str, **fields) -> ModelConfig:
     return ModelConfig(id=model_id, cmd=("serve", model_id), proxy="http://127.0.0.1:1", **fields)
 
 
-def router_for(*models: ModelConfig) -> BaseRouter:
-    config = Config(models={m.id: m for m in models})
+def router_for(*models: ModelConfig, **config_fields) -> BaseRouter:
+    config = Config(models={m.id: m for m in models}, **config_fields)
     return build_router(config, process_factory=fake_factory(FakeScript()))
 
 
@@ -48,10 +56,15 @@ def drain(subscription: Subscription) -> list[Event | Mark]:
     return taken
 
 
-def test_an_event_is_one_named_sse_block_with_json_data():
-    assert Event("queue", {"model": "m", "waiting": 2}).encode() == (
-        b'event: queue\ndata: {"model":"m","waiting":2}\n\n'
-    )
+def of_type(items: list[Event | Mark], kind: str) -> list:
+    return [item.data for item in items if isinstance(item, Event) and item.type == kind]
+
+
+def test_an_event_is_llama_swaps_envelope_with_the_payload_as_a_json_string():
+    frame = Event("queue", {"model": "m", "waiting": 2}).encode()
+    assert frame == b'event:message\ndata:{"type":"queue","data":"{\\"model\\":\\"m\\",\\"waiting\\":2}"}\n\n'
+    envelope = json.loads(frame.decode().split("data:", 1)[1])
+    assert json.loads(envelope["data"]) == {"model": "m", "waiting": 2}
 
 
 def test_a_subscriber_that_falls_behind_is_resynced_and_does_not_hold_up_the_others():
@@ -60,8 +73,9 @@ def test_a_subscriber_that_falls_behind_is_resynced_and_does_not_hold_up_the_oth
     for n in range(10):
         bus.publish(Event("tick", {"n": n}))
         assert fast.take() == Event("tick", {"n": n})  # keeps up
+        assert slow.pending <= 3
     assert slow.take() is Mark.RESYNC
-    assert slow.take() is None  # everything it missed is covered by the resync snapshot
+    assert slow.take() is None  # everything it missed is covered by the resync
     assert slow.dropped == 10
     bus.publish(Event("tick", {"n": 10}))
     assert slow.take() == Event("tick", {"n": 10})  # caught up: gets events again
@@ -77,13 +91,14 @@ def test_closing_the_bus_ends_every_subscription():
     assert bus.subscribers == 0
 
 
-def test_a_closed_subscription_gets_nothing_more():
+def test_ending_the_streams_closes_the_open_ones_and_accepts_new_ones():
     bus = EventBus()
-    subscription = bus.subscribe()
-    subscription.close()
+    first = bus.subscribe()
+    bus.end_streams()
+    assert first.take() is Mark.CLOSED
+    later = bus.subscribe()
     bus.publish(Event("tick", {}))
-    assert subscription.take() is Mark.CLOSED
-    assert bus.subscribers == 0
+    assert later.take() == Event("tick", {})
 
 
 def test_a_swap_is_reported_when_decided_and_when_finished_under_one_id():
@@ -92,7 +107,7 @@ def test_a_swap_is_reported_when_decided_and_when_finished_under_one_id():
     plan = SwapPlan("b", ("a",), "fifo.head", request_seq=7, detail="request #7 waited 0.0s")
     tell(state.router, SwapStarted(plan), SwapFinished(plan, SwapFailed("b exited"), 1.25))
 
-    swaps = [e.data for e in drain(listener) if isinstance(e, Event) and e.name == "swap"]
+    swaps = of_type(drain(listener), "swap")
     assert [s["phase"] for s in swaps] == ["started", "finished"]
     assert swaps[0]["id"] == swaps[1]["id"]
     assert swaps[0] | {"phase": None} == {
@@ -105,13 +120,55 @@ def test_a_swap_is_reported_when_decided_and_when_finished_under_one_id():
     assert feed.snapshot("connect")["swaps"] == [swaps[1]]  # the history new clients get
 
 
-def test_a_process_event_becomes_a_model_event_with_the_state_it_leaves_the_upstream_in():
-    state, feed = feed_for(model("a"))
+def test_a_process_event_becomes_a_process_event_then_a_model_status_when_the_state_moved():
+    state, feed = feed_for(model("a"), model("b"))
+    feed.opening_frames()  # what a connecting client was told: everything stopped
     listener = feed.bus.subscribe()
-    tell(state.router, ProcessEvent("a", "exited", exit_code=-9, detail="killed by SIGKILL"))
-    [event] = [e for e in drain(listener) if isinstance(e, Event) and e.name == "model"]
-    assert event.data == {"model": "a", "state": "stopped", "event": "exited", "pid": None,
-                          "detail": "killed by SIGKILL", "exit_code": -9, "duration": None, "time": 1000.0}
+    exited = ProcessEvent("a", "exited", exit_code=-9, detail="killed")
+    tell(state.router, ProcessEvent("a", "starting"), exited)
+    items = drain(listener)
+    assert [i.type for i in items if isinstance(i, Event) and i.type != "queue"] == [
+        "processEvent", "modelStatus", "processEvent", "modelStatus"]
+    assert of_type(items, "processEvent")[1] == {
+        "model": "a", "state": "stopped", "event": "exited", "pid": None, "detail": "killed", "exit_code": -9,
+        "duration": None, "time": 1000.0}
+    assert [{e["id"]: e["state"] for e in status} for status in of_type(items, "modelStatus")] == [
+        {"a": "starting", "b": "stopped"}, {"a": "stopped", "b": "stopped"}]
+    tell(state.router, ProcessEvent("a", "stopped"))  # the same state again: no modelStatus
+    assert of_type(drain(listener), "modelStatus") == []
+
+
+def test_model_status_lists_local_models_by_id_then_peer_models():
+    caps = Capabilities(input=("text", "image"), output=("text",), context=4096)
+    router = router_for(model("z", aliases=("zz",), capabilities=caps), model("a", name="A", unlisted=True),
+                        peers={"far": PeerConfig("far", "http://127.0.0.1:2", ("m1",))})
+    assert model_status(router.config, router) == [
+        {"id": "a", "name": "A", "description": "", "state": "stopped", "unlisted": True, "peerID": ""},
+        {"id": "z", "name": "", "description": "", "state": "stopped", "unlisted": False, "peerID": "",
+         "aliases": ["zz"], "capabilities": {"vision": True}, "context_length": 4096},
+        {"id": "far/m1", "name": "", "description": "", "state": "", "unlisted": False, "peerID": "far"},
+    ]
+
+
+@dataclass(frozen=True)
+class Switched:
+    """Stands in for the profiles module's typed event."""
+
+    active: str
+
+
+def test_a_registered_typed_event_sends_profile_changed_then_model_status(monkeypatch):
+    active: list[str | None] = [None]
+    state, feed = feed_for(model("a"), active_profile=lambda: active[0])
+    monkeypatch.setitem(event_feed.TYPED_EVENTS, Switched, lambda feed, event: feed.profile_changed())
+    assert of_type(feed.opening_frames(), "profileChanged") == [{"active": None}]
+    listener = feed.bus.subscribe()
+    active[0] = "coding"
+    feed.publish(Switched("coding"))
+    assert [(i.type, i.data) for i in drain(listener) if isinstance(i, Event)][:2] == [
+        ("profileChanged", {"active": "coding"}),
+        ("modelStatus", model_status(state.router.config, state.router)),
+    ]
 
 
 async def test_queue_events_are_sent_when_counts_change_and_only_then():
@@ -128,7 +185,7 @@ async def test_queue_events_are_sent_when_counts_change_and_only_then():
         seen: list[dict] = []
 
         async def queue_events() -> bool:
-            seen.extend(e.data for e in drain(listener) if isinstance(e, Event) and e.name == "queue")
+            seen.extend(of_type(drain(listener), "queue"))
             return bool(seen)
 
         async def request() -> None:
@@ -141,7 +198,7 @@ async def test_queue_events_are_sent_when_counts_change_and_only_then():
         assert seen == [{"model": "a", "waiting": 1, "in_flight": 0, "loading": True}]
         feed.check_queues()
         feed.check_queues()
-        assert drain(listener) == []  # nothing changed since
+        assert of_type(drain(listener), "queue") == []  # nothing changed since
 
         seen.clear()
         task.cancel()  # the client leaves
@@ -154,7 +211,7 @@ async def test_queue_events_are_sent_when_counts_change_and_only_then():
         await router.shutdown(1.0)
 
 
-def test_the_snapshot_describes_every_model():
+def test_the_snapshot_describes_every_model_with_its_counts():
     _, feed = feed_for(model("a", name="Model A", aliases=("alpha",), ttl=60), model("b", unlisted=True))
     snapshot = feed.snapshot("connect")
     assert snapshot["reason"] == "connect" and snapshot["router"] == "group"
@@ -167,12 +224,45 @@ def test_the_snapshot_describes_every_model():
     json.dumps(snapshot)  # what the stream sends must serialize
 
 
-def test_a_reload_sends_everyone_a_fresh_snapshot_and_is_observed():
+def test_a_reload_ends_the_open_streams_and_the_new_router_is_observed():
     state, feed = feed_for(model("a"))
     listener = feed.bus.subscribe()
     state.router = router_for(model("a"), model("c"))
-    [event] = drain(listener)
-    assert isinstance(event, Event) and event.name == "snapshot" and event.data["reason"] == "reload"
-    assert [m["id"] for m in event.data["models"]] == ["a", "c"]
+    assert drain(listener) == [Mark.CLOSED]
+    later = feed.bus.subscribe()
     tell(state.router, ProcessEvent("c", "starting"))
-    assert [e.data["model"] for e in drain(listener) if isinstance(e, Event)] == ["c"]
+    assert [e["model"] for e in of_type(drain(later), "processEvent")] == ["c"]
+
+
+def test_log_lines_become_log_data_frames():
+    state, feed = feed_for(model("a"))
+    listener = feed.bus.subscribe()
+    state.proxy_log.append("proxy says")
+    state.upstream_log.append("[a] upstream says")
+    assert of_type(drain(listener), "logData") == [
+        {"source": "proxy", "data": "proxy says\n"}, {"source": "upstream", "data": "[a] upstream says\n"}]
+
+
+def test_credentials_are_redacted_in_shown_headers_and_only_the_first_value_is_kept():
+    headers = CIMultiDict([("Authorization", "Bearer x"), ("x-api-key", "k"), ("Cookie", "c"),
+                           ("Accept", "a/b"), ("Accept", "c/d")])
+    assert redacted(headers) == {"Authorization": "[REDACTED]", "x-api-key": "[REDACTED]",
+                                 "Cookie": "[REDACTED]", "Accept": "a/b"}
+
+
+async def test_a_line_logged_from_a_worker_thread_is_published_on_the_loop():
+    state, feed = feed_for(model("a"))
+    listener = feed.subscribe()
+    publishing_threads: list[int] = []
+    publish = feed.bus.publish
+
+    def recording(event: Event) -> None:
+        publishing_threads.append(threading.get_ident())
+        publish(event)
+
+    feed.bus.publish = recording  # type: ignore[method-assign]
+    await asyncio.to_thread(state.proxy_log.append, "from a thread")
+    item = await listener.next(timeout=5.0)
+    assert item == Event("logData", {"source": "proxy", "data": "from a thread\n"})
+    assert publishing_threads == [threading.get_ident()]  # the loop's thread, not the worker's
+    await feed.close()

@@ -1,0 +1,138 @@
+"""The requests in flight, as llama-swap's `inflight` events show them: one entry per model-routed request
+(the inference routes, and `/upstream/<model>/<path>` when the path is itself an inference route) from the
+moment its model is known until its handler returns.
+
+An entry holds what the request said (method, path, headers with credentials redacted, client address) and
+what has gone back so far (response headers once sent, body bytes relayed). The tracker tells its listeners
+(the events feed) `upsert` when an entry is added and when its response headers go out, and `remove` when
+it ends; byte progress is read by whoever publishes, at its own pace (see `EventFeed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+from llmswap.server.middleware import note_first_byte
+from llmswap.server.state import STATE, ServerState
+
+INFLIGHT_KEY = "inflight"  # ServerState.extras key of the app's InflightTracker
+REDACTED = "[REDACTED]"
+SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key"})
+
+
+def redacted(headers: Mapping[str, str]) -> dict[str, str]:
+    """The first value of each header, credentials replaced by `[REDACTED]`."""
+    shown: dict[str, str] = {}
+    for name, value in headers.items():
+        if name not in shown:
+            shown[name] = REDACTED if name.lower() in SECRET_HEADERS else value
+    return shown
+
+
+def remote_ip(request: web.BaseRequest) -> str:
+    """The client's address as llama-swap shows it: X-Forwarded-For's first element, X-Real-IP, the socket."""
+    forwarded = request.headers.get("X-Forwarded-For", "").split(",")[0].strip()
+    return forwarded or request.headers.get("X-Real-IP", "").strip() or (request.remote or "")
+
+
+@dataclass
+class InflightEntry:
+    id: str
+    started: float  # wall clock, for the timestamp
+    started_monotonic: float
+    model: str
+    req_path: str
+    method: str
+    # The headers as received and as sent: redacted only when shown, so an untracked moment costs nothing.
+    request_headers: Mapping[str, str]
+    remote_ip: str
+    response_headers: Mapping[str, str] | None = None
+    resp_bytes: int = 0
+
+    def as_dict(self, now_monotonic: float) -> dict[str, Any]:
+        stamp = datetime.fromtimestamp(self.started, UTC).isoformat().replace("+00:00", "Z")
+        return {
+            "id": self.id, "timestamp": stamp, "model": self.model, "req_path": self.req_path,
+            "method": self.method, "req_headers": redacted(self.request_headers), "remote_ip": self.remote_ip,
+            "resp_headers": redacted(self.response_headers or {}), "resp_bytes": self.resp_bytes,
+            "elapsed_ms": int((now_monotonic - self.started_monotonic) * 1000),
+        }
+
+
+# Told ("upsert" | "remove", entry) on every change. Must not block.
+InflightListener = Callable[[str, InflightEntry], None]
+ENTRY: web.RequestKey[InflightEntry] = web.RequestKey("llmswap_inflight", InflightEntry)
+
+
+class InflightTracker:
+    """The app's entries, by id, in the order they began."""
+
+    def __init__(self, *, wall_clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._ids = itertools.count(1)
+        self._entries: dict[str, InflightEntry] = {}
+        self.listeners: list[InflightListener] = []
+        self.wall_clock = wall_clock
+        self.monotonic = monotonic
+
+    def entries(self) -> list[InflightEntry]:
+        return list(self._entries.values())
+
+    def _tell(self, operation: str, entry: InflightEntry) -> None:
+        for listener in tuple(self.listeners):
+            listener(operation, entry)
+
+    @contextlib.contextmanager
+    def track(self, request: web.Request, model: str, path: str | None = None) -> Iterator[InflightEntry]:
+        """Hold an entry for `request` (routed to `model`; `path` as shown, default the request's) while the
+        block runs."""
+        entry = InflightEntry(
+            id=str(next(self._ids)), started=self.wall_clock(), started_monotonic=self.monotonic(),
+            model=model, req_path=request.path if path is None else path, method=request.method,
+            request_headers=request.headers, remote_ip=remote_ip(request),
+        )
+        self._entries[entry.id] = entry
+        request[ENTRY] = entry
+        self._tell("upsert", entry)
+        try:
+            yield entry
+        finally:
+            del self._entries[entry.id]
+            request.pop(ENTRY, None)
+            self._tell("remove", entry)
+
+    def responded(self, entry: InflightEntry, headers: Mapping[str, str]) -> None:
+        if entry.id in self._entries and entry.response_headers is None:
+            entry.response_headers = headers
+            self._tell("upsert", entry)
+
+
+def tracker_of(server_state: ServerState) -> InflightTracker:
+    return server_state.extra(INFLIGHT_KEY, InflightTracker, InflightTracker)
+
+
+def note_relayed(request: web.BaseRequest, size: int) -> None:
+    """`size` bytes of the upstream's answer went to the client: the access record's first byte, the
+    in-flight entry's byte count."""
+    note_first_byte(request)
+    entry = request.get(ENTRY)
+    if entry is not None:
+        entry.resp_bytes += size
+
+
+async def _on_prepare(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    entry = request.get(ENTRY)
+    if entry is not None:
+        tracker_of(request.app[STATE]).responded(entry, response.headers)
+
+
+def setup(app: web.Application) -> None:
+    app.on_response_prepare.append(_on_prepare)

@@ -1,0 +1,41 @@
+"""The admin commands' pure parts: which models `ps` shows and how its table reads, URL checking."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmswap.admin_cli import AdminError, Client, model_path, rows, table
+
+
+def model(model_id: str, state: str, in_flight: int = 0, waiting: int = 0, **extra) -> dict:
+    return {"id": model_id, "state": state, "in_flight": in_flight, "waiting": waiting, "pid": None,
+            "last_start_seconds": None, "extras": {}, **extra}
+
+
+SNAPSHOT = {"router": "vram", "models": [
+    model("chat", "ready", in_flight=2, pid=4242, last_start_seconds=1.5,
+          extras={"vram": {"footprint": 6 * 2**30, "footprint_human": "6.0 GiB"}}),
+    model("coder", "stopped", waiting=3),
+    model("embed", "stopped"),
+]}
+
+
+def test_ps_shows_running_models_and_models_with_queued_requests_unless_asked_for_all():
+    assert [row.model for row in rows(SNAPSHOT, show_all=False)] == ["chat", "coder"]
+    assert [row.model for row in rows(SNAPSHOT, show_all=True)] == ["chat", "coder", "embed"]
+
+
+def test_the_ps_table_has_aligned_columns_with_footprint_counts_and_pid():
+    text = table(rows(SNAPSHOT, show_all=False))
+    assert text.splitlines() == [
+        "MODEL   STATE     FOOTPRINT   IN FLIGHT   QUEUED   PID    LAST START",
+        "chat    ready     6.0 GiB     2           0        4242   1.50s",
+        "coder   stopped   -           0           3        -      -",
+    ]
+
+
+def test_a_url_must_be_http_and_model_names_keep_their_slashes():
+    with pytest.raises(AdminError, match="not an http:// or https:// address"):
+        Client("127.0.0.1:8080")
+    assert Client("http://127.0.0.1:8080/").url == "http://127.0.0.1:8080"
+    assert model_path("load", "org/model name") == "/api/models/load/org/model%20name"
