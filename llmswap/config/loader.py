@@ -282,11 +282,12 @@ def _api_keys(root: Fields) -> tuple[ApiKey, ...]:
     for index, item in enumerate(root.items("apiKeys", "a list of keys")):
         where = f"apiKeys[{index}]"
         if isinstance(item, Scalar):
-            key, priority, max_concurrent = item.text, 0, 0
+            key, priority, max_concurrent, name = item.text, 0, 0, ""
         elif isinstance(item, Map):
             fields = Fields(item, where, root.problems)
-            fields.warn_unknown(("key", "priority", "maxConcurrent"))
+            fields.warn_unknown(("key", "name", "priority", "maxConcurrent"))
             key = fields.text("key")
+            name = fields.text("name").strip()
             priority = fields.integer("priority", 0)
             max_concurrent = fields.integer(
                 "maxConcurrent", 0, minimum=0, what="a whole number (0 = unlimited)"
@@ -310,7 +311,7 @@ def _api_keys(root: Fields) -> tuple[ApiKey, ...]:
             root.problems.warn(item.line, where, "this key is listed twice; the first entry is used")
             continue
         seen.add(key)
-        keys.append(ApiKey(key=key, priority=priority, max_concurrent=max_concurrent))
+        keys.append(ApiKey(key=key, priority=priority, max_concurrent=max_concurrent, name=name))
     return tuple(keys)
 
 

@@ -8,6 +8,7 @@ two differ beyond case.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,11 +181,18 @@ class RoutingConfig:
 
 @dataclass(frozen=True)
 class ApiKey:
-    """An `apiKeys` entry: a plain string, or an object with `key`, `priority`, `maxConcurrent`."""
+    """An `apiKeys` entry: a plain string, or an object with `key`, `name`, `priority`, `maxConcurrent`."""
 
     key: str
     priority: int = 0
     max_concurrent: int = 0  # 0 = unlimited
+    name: str = ""  # who owns the files and batches this key creates; several keys may share a name
+
+    @property
+    def owner(self) -> str:
+        """The name files and batches are scoped to: `name`, else a digest of the key (the key itself is
+        never stored)."""
+        return self.name or "key-" + hashlib.sha256(self.key.encode("utf-8")).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
