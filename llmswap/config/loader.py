@@ -8,13 +8,14 @@ problem found on the way is collected; `ConfigError` lists them all, each with f
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
-from llmswap.config.envsubst import substitute_env
+from llmswap.config.envsubst import mark_env, substitute_env, written_form
 from llmswap.config.errors import ConfigError, Problem, Problems, in_file_order
 from llmswap.config.fields import Fields
 from llmswap.config.macros import Macro, apply_macros, read_macros, report_unresolved
@@ -117,6 +118,7 @@ def load_config_text(
 ) -> Config:
     """Load config text; `path` names it in messages and anchors relative paths. Raises `ConfigError`."""
     problems = Problems(path)
+    written = text
     text = substitute_env(text, os.environ if environ is None else environ, problems)
     tree = parse_document(text, problems)
     root = Fields(tree, "", problems)
@@ -149,6 +151,8 @@ def load_config_text(
     defaults = ModelDefaults(global_ttl, unload_timeout, health_check_timeout, send_loading_state)
 
     models = _read_models(root, global_macros, start_port, defaults)
+    if written != text:
+        models = _with_written_commands(models, written, path, start_port, defaults)
     aliases = _alias_map(models, problems)
     model_ids = {model_id: None for model_id in models}  # ordered set: YAML order
 
@@ -202,6 +206,29 @@ def _read_models(
             next_port = port + 1
         drafts[model_id] = read_model(model_id, entry.key_line, fields, port, defaults)
     return {model_id: drafts[model_id] for model_id in section.names() if model_id in drafts}
+
+
+def _with_written_commands(
+    models: dict[str, ModelDraft], text: str, path: str, start_port: int, defaults: ModelDefaults
+) -> dict[str, ModelDraft]:
+    """`models` with each one's commands and env as written: the same expansion run once more over the
+    file's text with every `${env.NAME}` kept, so what is displayed never holds an environment value."""
+    ignored = Problems(path)  # the real load reported every problem already
+    tree = parse_document(mark_env(text), ignored)
+    marked = _read_models(Fields(tree, "", ignored), read_macros(tree.get("macros"), "macros", ignored),
+                          start_port, defaults)
+    drafts: dict[str, ModelDraft] = {}
+    for model_id, draft in models.items():
+        twin = marked.get(model_id)
+        if twin is not None:
+            draft = dataclasses.replace(draft, config=dataclasses.replace(
+                draft.config,
+                cmd_written=written_form(twin.config.cmd_text),
+                cmd_stop_written=written_form(" ".join(twin.config.cmd_stop)),
+                env_written=tuple((key, written_form(value)) for key, value in twin.config.env),
+            ))
+        drafts[model_id] = draft
+    return drafts
 
 
 def _alias_map(models: dict[str, ModelDraft], problems: Problems) -> dict[str, str]:
