@@ -108,7 +108,7 @@ class ModelConfig:
     @property
     def cmd_shown(self) -> str:
         """The command line as the user wrote it (/running, check-config)."""
-        return mask_secrets(self.cmd_written or self.cmd_text or shlex.join(self.cmd))
+        return mask_secrets(self.cmd_written or self.cmd_text)
 
     @property
     def argv_shown(self) -> str:
