@@ -8,6 +8,7 @@ problem found on the way is collected; `ConfigError` lists them all, each with f
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -15,7 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from llmswap.config.access_section import read_allowed_hosts, read_allowed_origins
-from llmswap.config.envsubst import substitute_env
+from llmswap.config.envsubst import mark_env, substitute_env, written_form
 from llmswap.config.errors import ConfigError, Problem, Problems, in_file_order
 from llmswap.config.fields import Fields
 from llmswap.config.macros import Macro, apply_macros, read_macros, report_unresolved
@@ -131,11 +132,25 @@ def load_config_text(
     """Load config text; `path` names it in messages and anchors relative paths. Raises `ConfigError`."""
     problems = Problems(path)
     tree = parse_config_text(text, problems, environ)
-    return load_tree(tree, problems, path=path, base_dir=Path(path).expanduser().absolute().parent)
+    written = parse_written_text(text, path) if uses_env(text) else None
+    return load_tree(tree, problems, path=path, base_dir=Path(path).expanduser().absolute().parent,
+                     written=written)
 
 
-def load_tree(tree: Map, problems: Problems, *, path: str, base_dir: Path) -> Config:
-    """The `Config` a parsed tree describes; `problems` names its file(s). Raises `ConfigError`."""
+def uses_env(text: str) -> bool:
+    return "${env." in text
+
+
+def parse_written_text(text: str, path: str) -> Map:
+    """The tree of `text` with every `${env.NAME}` kept as written, for what is shown to people."""
+    return parse_document(mark_env(text), Problems(path))  # the real parse reports every problem
+
+
+def load_tree(
+    tree: Map, problems: Problems, *, path: str, base_dir: Path, written: Map | None = None
+) -> Config:
+    """The `Config` a parsed tree describes; `problems` names its file(s); `written` is the same tree with
+    `${env.NAME}` kept (see `parse_written_text`), for the commands shown to people. Raises `ConfigError`."""
     root = Fields(tree, "", problems)
     root.warn_unknown(TOP_LEVEL_KEYS, IGNORED_TOP_LEVEL_KEYS)
 
@@ -166,6 +181,8 @@ def load_tree(tree: Map, problems: Problems, *, path: str, base_dir: Path) -> Co
     defaults = ModelDefaults(global_ttl, unload_timeout, health_check_timeout, send_loading_state)
 
     models = _read_models(root, global_macros, start_port, defaults)
+    if written is not None:
+        models = _with_written_commands(models, written, path, start_port, defaults)
     aliases = _alias_map(models, problems)
     model_ids = {model_id: None for model_id in models}  # ordered set: YAML order
 
@@ -220,6 +237,28 @@ def _read_models(
             next_port = port + 1
         drafts[model_id] = read_model(model_id, entry.key_line, fields, port, defaults)
     return {model_id: drafts[model_id] for model_id in section.names() if model_id in drafts}
+
+
+def _with_written_commands(
+    models: dict[str, ModelDraft], tree: Map, path: str, start_port: int, defaults: ModelDefaults
+) -> dict[str, ModelDraft]:
+    """`models` with each one's commands and env as written: the same expansion run once more over the
+    tree with every `${env.NAME}` kept, so what is displayed never holds an environment value."""
+    ignored = Problems(path)  # the real load reported every problem already
+    marked = _read_models(Fields(tree, "", ignored), read_macros(tree.get("macros"), "macros", ignored),
+                          start_port, defaults)
+    drafts: dict[str, ModelDraft] = {}
+    for model_id, draft in models.items():
+        twin = marked.get(model_id)
+        if twin is not None:
+            draft = dataclasses.replace(draft, config=dataclasses.replace(
+                draft.config,
+                cmd_written=written_form(twin.config.cmd_text),
+                cmd_stop_written=written_form(" ".join(twin.config.cmd_stop)),
+                env_written=tuple((key, written_form(value)) for key, value in twin.config.env),
+            ))
+        drafts[model_id] = draft
+    return drafts
 
 
 def _alias_map(models: dict[str, ModelDraft], problems: Problems) -> dict[str, str]:
@@ -301,11 +340,12 @@ def _api_keys(root: Fields) -> tuple[ApiKey, ...]:
     for index, item in enumerate(root.items("apiKeys", "a list of keys")):
         where = f"apiKeys[{index}]"
         if isinstance(item, Scalar):
-            key, priority, max_concurrent = item.text, 0, 0
+            key, priority, max_concurrent, name = item.text, 0, 0, ""
         elif isinstance(item, Map):
             fields = Fields(item, where, root.problems)
-            fields.warn_unknown(("key", "priority", "maxConcurrent"))
+            fields.warn_unknown(("key", "name", "priority", "maxConcurrent"))
             key = fields.text("key")
+            name = fields.text("name").strip()
             priority = fields.integer("priority", 0)
             max_concurrent = fields.integer(
                 "maxConcurrent", 0, minimum=0, what="a whole number (0 = unlimited)"
@@ -329,7 +369,7 @@ def _api_keys(root: Fields) -> tuple[ApiKey, ...]:
             root.problems.warn(item.line, where, "this key is listed twice; the first entry is used")
             continue
         seen.add(key)
-        keys.append(ApiKey(key=key, priority=priority, max_concurrent=max_concurrent))
+        keys.append(ApiKey(key=key, priority=priority, max_concurrent=max_concurrent, name=name))
     return tuple(keys)
 
 

@@ -8,12 +8,16 @@ two differ beyond case.
 
 from __future__ import annotations
 
+import hashlib
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from llmswap.config.commands import split_command
+from llmswap.config.masking import mask_secrets
 from llmswap.config.origins import HostPattern, OriginPattern
 
 DEFAULT_GROUP_ID = "(default)"
@@ -70,8 +74,12 @@ class Capabilities:
 class ModelConfig:
     id: str
     cmd: tuple[str, ...]  # argv, split like a POSIX shell; never run through a shell
-    cmd_text: str = ""  # the expanded command line (comment lines removed), shown by /running
+    cmd_text: str = ""  # the expanded command line (comment lines removed): what runs
     cmd_stop: tuple[str, ...] = ()  # argv; the literal `${PID}` is substituted at stop time
+    # The same as written: macros expanded, `${env.NAME}` kept (the loader fills them when the file has any).
+    cmd_written: str = ""
+    cmd_stop_written: str = ""
+    env_written: tuple[tuple[str, str], ...] = ()
     proxy: str = ""  # upstream base URL
     check_endpoint: str = "/health"  # "none" = ready as soon as spawned
     ttl: float = 0.0  # effective (after globalTTL); 0 = never unload
@@ -95,6 +103,29 @@ class ModelConfig:
     gpus: tuple[int, ...] | None = None  # llmswap: pinned devices (YAML `gpus`, else CUDA_VISIBLE_DEVICES)
     persistent: bool = False  # llmswap: the vram router never evicts it (groups have their own flag)
     line: int = 0  # line of `models.<id>` in the config file, for messages
+
+    # What is displayed of the commands (/running, logs, events, check-config): never an env value, and
+    # secret-looking literals masked.
+    @property
+    def cmd_shown(self) -> str:
+        """The command line as the user wrote it (/running, check-config)."""
+        return mask_secrets(self.cmd_written or self.cmd_text)
+
+    @property
+    def argv_shown(self) -> str:
+        """The argv that runs, quoted for a shell (log lines)."""
+        try:
+            argv = split_command(self.cmd_written) if self.cmd_written else self.cmd
+        except ValueError:
+            return self.cmd_shown
+        return mask_secrets(shlex.join(argv))
+
+    def cmd_stop_shown(self, pid: int) -> str:
+        return mask_secrets((self.cmd_stop_written or " ".join(self.cmd_stop)).replace("${PID}", str(pid)))
+
+    @property
+    def env_shown(self) -> tuple[str, ...]:
+        return tuple(mask_secrets(f"{key}={value}") for key, value in self.env_written or self.env)
 
 
 @dataclass(frozen=True)
@@ -182,11 +213,18 @@ class RoutingConfig:
 
 @dataclass(frozen=True)
 class ApiKey:
-    """An `apiKeys` entry: a plain string, or an object with `key`, `priority`, `maxConcurrent`."""
+    """An `apiKeys` entry: a plain string, or an object with `key`, `name`, `priority`, `maxConcurrent`."""
 
     key: str
     priority: int = 0
     max_concurrent: int = 0  # 0 = unlimited
+    name: str = ""  # who owns the files and batches this key creates; several keys may share a name
+
+    @property
+    def owner(self) -> str:
+        """The name files and batches are scoped to: `name`, else a digest of the key (the key itself is
+        never stored)."""
+        return self.name or "key-" + hashlib.sha256(self.key.encode("utf-8")).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,21 @@
 """`format_config`: a loaded `Config` as YAML text, for `llmswap check-config FILE`.
 
 It shows what llmswap will actually use: macros expanded, ports assigned, defaults filled in,
-aliases resolved, each command's argv as it will be executed. API keys are shortened so the output
+aliases resolved, each command's argv as it will be executed — but as written where it takes an
+`${env.NAME}`, and with secret-looking values masked (`masking.py`). API keys are shortened so the output
 can be pasted into a bug report. Warnings come first, as YAML comments.
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
 import yaml
 
+from llmswap.config.commands import split_command
+from llmswap.config.masking import MASK, mask_secrets
 from llmswap.config.model import (
     Capabilities,
     Config,
@@ -92,11 +96,24 @@ def _capabilities(capabilities: Capabilities | None) -> dict[str, Any] | None:
     )
 
 
+def _argv(model: ModelConfig) -> list[str]:
+    """The argv that runs, as written (`${env.NAME}` kept) and with secret-looking values masked."""
+    try:
+        argv = split_command(model.cmd_written) if model.cmd_written else model.cmd
+    except ValueError:
+        return [model.cmd_shown]
+    shown = [mask_secrets(arg) for arg in argv]  # `--key=X`, `HF_TOKEN=X`, `Authorization: Bearer X`
+    for index in range(len(shown) - 1):  # `--api-key X`: the flag and its value are two arguments
+        if mask_secrets(shlex.join(shown[index:index + 2])).endswith(" " + MASK):
+            shown[index + 1] = MASK
+    return shown
+
+
 def _model(model: ModelConfig) -> dict[str, Any]:
     core = {
-        "cmd": model.cmd_text,
-        "argv": list(model.cmd),
-        "cmdStop": " ".join(model.cmd_stop),
+        "cmd": model.cmd_shown,
+        "argv": _argv(model),
+        "cmdStop": mask_secrets(model.cmd_stop_written or " ".join(model.cmd_stop)),
         "port": model.port,
         "proxy": model.proxy,
         "checkEndpoint": model.check_endpoint,
@@ -109,7 +126,7 @@ def _model(model: ModelConfig) -> dict[str, Any]:
     extra = _pruned(
         {
             "aliases": list(model.aliases),
-            "env": [f"{key}={value}" for key, value in model.env],
+            "env": list(model.env_shown),
             "useModelName": model.use_model_name,
             "unlisted": model.unlisted,
             "name": model.name,

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmswap.config.errors import ConfigError, Problem, Problems, Source
-from llmswap.config.loader import load_config, load_tree, parse_config_text, read_config_text
+from llmswap.config.loader import (
+    load_config,
+    load_tree,
+    parse_config_text,
+    parse_written_text,
+    read_config_text,
+    uses_env,
+)
 from llmswap.config.merge import merge_trees, renumber
 from llmswap.config.model import Config
 from llmswap.config.yamltree import Map
@@ -81,6 +88,7 @@ class ConfigSources:
                                                        "no *.yaml or *.yml file; add one or give --config")]
             )
         trees: list[Map] = []
+        texts: list[str] = []
         sources: list[Source] = []
         failed: list[Problem] = []
         warnings: list[Problem] = []
@@ -97,6 +105,7 @@ class ConfigSources:
             warnings.extend(problems.warnings)
             renumber(tree, next_line - 1)
             trees.append(tree)
+            texts.append(text)
             sources.append(Source(str(path), next_line))
             next_line += text.count("\n") + 1
         if failed:
@@ -105,4 +114,19 @@ class ConfigSources:
         merged = Problems(str(shown), warnings=warnings, sources=tuple(sources))
         tree = merge_trees(trees, merged)
         base_dir = self.file.expanduser().absolute().parent if self.file else self.directory.absolute()
-        return load_tree(tree, merged, path=str(shown), base_dir=base_dir)
+        return load_tree(tree, merged, path=str(shown), base_dir=base_dir,
+                         written=_written_tree(texts, sources, str(shown)))
+
+
+def _written_tree(texts: list[str], sources: list[Source], shown: str) -> Map | None:
+    """The merged tree with every `${env.NAME}` kept as written, from fresh parses (merging and loading
+    change the trees they are given), or None when no file uses the environment."""
+    if not any(uses_env(text) for text in texts):
+        return None
+    trees = []
+    for text, source in zip(texts, sources, strict=True):
+        tree = parse_written_text(text, source.file)
+        renumber(tree, source.first_line - 1)
+        trees.append(tree)
+    # The real merge reported every problem already.
+    return merge_trees(trees, Problems(shown, sources=tuple(sources)))

@@ -10,7 +10,8 @@ Parent-death signal (Linux): the child runs `prctl(PR_SET_PDEATHSIG, SIGKILL)` b
 the kernel kills it when the proxy dies, even by SIGKILL, where no cleanup code of ours can run. The kernel
 ties that signal to the *thread* that forked, not to the process: spawn only from the event-loop thread
 (which lives as long as the proxy does), never from a worker thread that may exit. It covers the direct
-child only; the child's own children are killed with its process group by a normal stop.
+child only; the child's own children are killed with its process group by a normal stop, and by the
+child's keeper (`keeper.py`) when the proxy dies.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+
+from llmswap.process.keeper import Keeper, start_keeper
 
 logger = logging.getLogger("llmswap.process")
 
@@ -143,11 +146,13 @@ class Child:
         exited: asyncio.Future[int],
         eof: asyncio.Future[None],
         transport: asyncio.BaseTransport | None,
+        keeper: Keeper | None = None,
     ) -> None:
         self._popen = popen
         self.exited = exited
         self._eof = eof
         self._transport = transport
+        self._keeper = keeper
 
     @property
     def pid(self) -> int:
@@ -186,13 +191,21 @@ class Child:
         self.abandon_pipe()
 
     def abandon_pipe(self) -> None:
+        """Let go of the child for good (it was stopped and its group killed): close the output pipe and
+        stand its keeper down."""
         if self._transport is not None:
             self._transport.close()
             self._transport = None
+        if self._keeper is not None:
+            self._keeper.stand_down()
+            self._keeper = None
 
 
-async def spawn_child(argv: Sequence[str], *, env: Mapping[str, str], on_line: LineSink) -> Child:
-    """Start `argv` (no shell) in its own session, stdout and stderr merged into `on_line`.
+async def spawn_child(
+    argv: Sequence[str], *, env: Mapping[str, str], on_line: LineSink, keeper: bool = True
+) -> Child:
+    """Start `argv` (no shell) in its own session, stdout and stderr merged into `on_line`; with `keeper`,
+    a keeper that ends the session's group if the proxy dies.
 
     Raises OSError or subprocess.SubprocessError when it cannot be started. Call from the event-loop thread.
     """
@@ -208,13 +221,16 @@ async def spawn_child(argv: Sequence[str], *, env: Mapping[str, str], on_line: L
         start_new_session=True,
         preexec_fn=_parent_death_signal(),
     )
+    guard = start_keeper(popen.pid) if keeper else None
     exited = _watch_exit(loop, popen)
     eof: asyncio.Future[None] = loop.create_future()
     assert popen.stdout is not None
     try:
         transport, _ = await loop.connect_read_pipe(lambda: _LineReader(on_line, eof), popen.stdout)
     except BaseException:
-        Child(popen, exited, eof, None).signal_group(signal.SIGKILL)
+        failed = Child(popen, exited, eof, None, guard)
+        failed.signal_group(signal.SIGKILL)
+        failed.abandon_pipe()
         popen.stdout.close()
         raise
-    return Child(popen, exited, eof, transport)
+    return Child(popen, exited, eof, transport, guard)

@@ -27,7 +27,6 @@ import asyncio
 import enum
 import logging
 import os
-import shlex
 import signal
 import subprocess
 import time
@@ -238,11 +237,11 @@ class Process:
             return ProcessEvent(self.id, "stopped", detail="start aborted")
 
         run.output_mark = self.logs.total
-        logger.info("[%s] starting: %s", self.id, shlex.join(argv))
+        logger.info("[%s] starting: %s", self.id, self.config.argv_shown)
         try:
             child = await spawn_child(argv, env=self._env(), on_line=self._on_output)
         except (OSError, subprocess.SubprocessError) as exc:
-            error = StartFailed(f"failed to start command '{shlex.join(argv)}': {exc}")
+            error = StartFailed(f"failed to start command '{self.config.argv_shown}': {exc}")
             return self._start_failed(run, error)
         run.child = child
         self.pid = child.pid
@@ -365,7 +364,7 @@ class Process:
 
     async def _start_cmd_stop(self, pid: int) -> Child | None:
         argv = [part.replace("${PID}", str(pid)) for part in self.config.cmd_stop]
-        logger.info("[%s] stopping with: %s", self.id, shlex.join(argv))
+        logger.info("[%s] stopping with: %s", self.id, self.config.cmd_stop_shown(pid))
         try:
             return await spawn_child(argv, env=self._env(), on_line=self._on_output)
         except (OSError, subprocess.SubprocessError) as exc:

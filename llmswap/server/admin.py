@@ -186,7 +186,7 @@ def running_entries(
         entries.append({
             "model": model_id,
             "state": current.value,
-            "cmd": model.cmd_text,
+            "cmd": model.cmd_shown,
             "proxy": model.proxy,
             "ttl": _number(model.ttl),
             "name": model.name,

@@ -7,26 +7,34 @@
 
 They need the `tasks:` section (its database holds files and batches); without it they answer 404 saying
 so. Database work runs on a thread, never on the event loop.
+
+With `apiKeys`, each request sees only the files and batches of its own key's name (`batch_store`); another
+key's answer 404 exactly as a missing one does, so ids cannot be probed. A file name holding a control
+character (CR, LF, NUL...) is refused: it could not travel in a header; Content-Disposition is built so that
+no stored name can break the response either.
 """
 
 from __future__ import annotations
 
 import asyncio
+import unicodedata
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
 
 from llmswap.server.errors import error_response
 from llmswap.server.middleware import too_large_message
-from llmswap.server.state import state
+from llmswap.server.state import API_KEY, state
 from llmswap.tasks import batch_store as store
 from llmswap.tasks.batches import BatchRequestError, BatchView
 from llmswap.tasks.http import task_service
 from llmswap.tasks.service import TaskService
 
 MAX_LIST = 100
+MAX_FILENAME = 255  # characters, as file systems allow
 
 
 def setup(app: web.Application) -> None:
@@ -67,6 +75,30 @@ def _refusals(handler: Any) -> Any:
 
     handle.__name__ = handler.__name__
     return handle
+
+
+def _owner(request: web.Request) -> str | None:
+    """Whose files and batches this request may see: its API key's name; None (everything) without keys."""
+    key = request.get(API_KEY)
+    return None if key is None else key.owner
+
+
+def filename_problem(filename: str) -> str | None:
+    """Why an uploaded file's name is refused, or None when it is fine."""
+    if len(filename) > MAX_FILENAME:
+        return f"the file name is {len(filename)} characters long; at most {MAX_FILENAME} are allowed"
+    for ch in filename:
+        if unicodedata.category(ch) == "Cc":
+            return (f"the file name contains the control character {ch!a}; "
+                    "rename the file without line breaks, NUL or other control characters")
+    return None
+
+
+def content_disposition(filename: str) -> str:
+    """`attachment` naming `filename` safely whatever it holds (RFC 6266): a plain-ASCII fallback with
+    anything risky replaced, and the exact name percent-encoded in `filename*`."""
+    fallback = "".join(ch if " " <= ch <= "~" and ch not in '"\\' else "_" for ch in filename)
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename, safe='')}"
 
 
 def _limit(request: web.Request, default: int) -> int:
@@ -112,7 +144,11 @@ async def upload(request: web.Request) -> web.Response:
             fields[part.name] = data.decode("utf-8", errors="replace")
     if content is None:
         return error_response(request, 400, "the form has no `file` field", force_json=True)
-    stored = await asyncio.to_thread(service.batches.upload, filename, fields.get("purpose", ""), content)
+    problem = filename_problem(filename)
+    if problem is not None:
+        return error_response(request, 400, problem, param="file", force_json=True)
+    stored = await asyncio.to_thread(service.batches.upload, filename, fields.get("purpose", ""), content,
+                                     _owner(request))
     return web.json_response(stored.as_openai())
 
 
@@ -120,13 +156,14 @@ async def upload(request: web.Request) -> web.Response:
 async def list_files(request: web.Request) -> web.Response:
     service = _service(request)
     limit = _limit(request, MAX_LIST)
-    files = await asyncio.to_thread(store.list_files, service.db, request.query.get("purpose"), limit)
+    files = await asyncio.to_thread(store.list_files, service.db, request.query.get("purpose"), limit,
+                                    _owner(request))
     return web.json_response({"object": "list", "data": [f.as_openai() for f in files], "has_more": False})
 
 
 async def _file(request: web.Request, service: TaskService) -> store.StoredFile:
     file_id = request.match_info["file_id"]
-    stored = await asyncio.to_thread(store.get_file, service.db, file_id)
+    stored = await asyncio.to_thread(store.get_file, service.db, file_id, _owner(request))
     if stored is None:
         raise _Refused(error_response(request, 404, f"no file {file_id!r}", force_json=True))
     return stored
@@ -142,16 +179,16 @@ async def show_file(request: web.Request) -> web.Response:
 async def file_content(request: web.Request) -> web.Response:
     service = _service(request)
     stored = await _file(request, service)
-    content = await asyncio.to_thread(store.file_content, service.db, stored.id)
+    content = await asyncio.to_thread(store.file_content, service.db, stored.id, _owner(request))
     return web.Response(body=content or b"", content_type="application/octet-stream",
-                        headers={"Content-Disposition": f'attachment; filename="{stored.filename}"'})
+                        headers={"Content-Disposition": content_disposition(stored.filename)})
 
 
 @_refusals
 async def delete_file(request: web.Request) -> web.Response:
     service = _service(request)
     stored = await _file(request, service)
-    await asyncio.to_thread(store.delete_file, service.db, stored.id)
+    await asyncio.to_thread(store.delete_file, service.db, stored.id, _owner(request))
     return web.json_response({"id": stored.id, "object": "file", "deleted": True})
 
 
@@ -174,6 +211,7 @@ async def create_batch(request: web.Request) -> web.Response:
     view = await asyncio.to_thread(
         service.batches.create, state(request).config, input_file_id=body["input_file_id"],
         endpoint=body["endpoint"], completion_window=body["completion_window"], metadata=body.get("metadata"),
+        owner=_owner(request),
     )
     return web.json_response(view.as_openai())
 
@@ -184,7 +222,8 @@ async def list_batches(request: web.Request) -> web.Response:
     limit = _limit(request, 20)
     # One more than asked for tells whether there is a next page.
     after = request.query.get("after")
-    views = await asyncio.to_thread(service.batches.listing, after=after, limit=limit + 1)
+    views = await asyncio.to_thread(service.batches.listing, after=after, limit=limit + 1,
+                                    owner=_owner(request))
     page = views[:limit]
     return web.json_response({
         "object": "list", "data": [v.as_openai() for v in page],
@@ -205,10 +244,12 @@ async def cancel_batch(request: web.Request) -> web.Response:
     return await _one_batch(request, service.batches.cancel)
 
 
-async def _one_batch(request: web.Request, action: Callable[[str], BatchView | None]) -> web.Response:
-    """Run `action` on the batch the path names (off the loop); the batch, or 404."""
+async def _one_batch(
+    request: web.Request, action: Callable[[str, str | None], BatchView | None]
+) -> web.Response:
+    """Run `action` on the batch the path names, as this request's key (off the loop); the batch, or 404."""
     batch_id = request.match_info["batch_id"]
-    view = await asyncio.to_thread(action, batch_id)
+    view = await asyncio.to_thread(action, batch_id, _owner(request))
     if view is None:
         return error_response(request, 404, f"no batch {batch_id!r}", force_json=True)
     return web.json_response(view.as_openai())

@@ -87,16 +87,19 @@ class Batches:
 
     # ------------------------------------------------------------------ files
 
-    def upload(self, filename: str, purpose: str, content: bytes) -> store.StoredFile:
+    def upload(
+        self, filename: str, purpose: str, content: bytes, owner: str | None = None
+    ) -> store.StoredFile:
         if purpose not in PURPOSES:
             raise BatchRequestError(400, f"purpose must be one of {', '.join(PURPOSES)}, got {purpose!r}",
                                     "purpose")
-        return store.add_file(self.db, filename or "upload.jsonl", purpose, content)
+        return store.add_file(self.db, filename or "upload.jsonl", purpose, content, owner)
 
     # ------------------------------------------------------------------ batches
 
     def create(
         self, config: Config, *, input_file_id: str, endpoint: str, completion_window: str, metadata: Any,
+        owner: str | None = None,
     ) -> BatchView:
         if endpoint not in ENDPOINTS:
             raise BatchRequestError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}",
@@ -106,14 +109,14 @@ class Batches:
                                     f"got {completion_window!r}", "completion_window")
         if metadata is not None and not isinstance(metadata, dict):
             raise BatchRequestError(400, "metadata must be an object", "metadata")
-        content = store.file_content(self.db, input_file_id)
+        content = store.file_content(self.db, input_file_id, owner)
         if content is None:
             raise BatchRequestError(404, f"no file {input_file_id!r}: upload it first (POST /v1/files)",
                                     "input_file_id")
         lines, errors = parse_input(content, endpoint)
         expires_at = store.now_seconds() + WINDOW_SECONDS[completion_window]
         common = dict(endpoint=endpoint, input_file_id=input_file_id, completion_window=completion_window,
-                      expires_at=expires_at, metadata=metadata)
+                      expires_at=expires_at, metadata=metadata, owner=owner)
         if errors:
             failed = store.add_batch(self.db, **common, total=0, status="failed",
                                      errors={"object": "list", "data": [e.as_openai() for e in errors]})
@@ -148,16 +151,16 @@ class Batches:
     def view(self, batch: store.StoredBatch) -> BatchView:
         return BatchView(batch, store.request_counts(self.db, batch.seq, batch.total))
 
-    def get(self, batch_id: str) -> BatchView | None:
-        batch = store.get_batch(self.db, batch_id)
+    def get(self, batch_id: str, owner: str | None = None) -> BatchView | None:
+        batch = store.get_batch(self.db, batch_id, owner)
         return None if batch is None else self.view(batch)
 
-    def listing(self, *, after: str | None, limit: int) -> list[BatchView]:
-        return [self.view(b) for b in store.list_batches(self.db, after=after, limit=limit)]
+    def listing(self, *, after: str | None, limit: int, owner: str | None = None) -> list[BatchView]:
+        return [self.view(b) for b in store.list_batches(self.db, after=after, limit=limit, owner=owner)]
 
-    def cancel(self, batch_id: str) -> BatchView | None:
+    def cancel(self, batch_id: str, owner: str | None = None) -> BatchView | None:
         """Stop a batch: its queued requests are cancelled, running ones finish, then it is `cancelled`."""
-        batch = store.get_batch(self.db, batch_id)
+        batch = store.get_batch(self.db, batch_id, owner)
         if batch is None:
             return None
         if batch.final or batch.status == "cancelling":
@@ -196,10 +199,10 @@ class Batches:
             record, ok = _record(row)
             (outputs if ok else errors).append(record)
             expired = expired or row.error == EXPIRED_ERROR
-        output = store.add_file(self.db, f"{batch.id}_output.jsonl", "batch_output", jsonl(outputs)) \
-            if outputs else None
-        error = store.add_file(self.db, f"{batch.id}_error.jsonl", "batch_output", jsonl(errors)) \
-            if errors else None
+        output = store.add_file(self.db, f"{batch.id}_output.jsonl", "batch_output", jsonl(outputs),
+                                batch.owner) if outputs else None
+        error = store.add_file(self.db, f"{batch.id}_error.jsonl", "batch_output", jsonl(errors),
+                               batch.owner) if errors else None
         final = "cancelled" if batch.status == "cancelling" else "expired" if expired else "completed"
         store.set_batch_status(self.db, batch.id, final, expect=(batch.status,),
                                output_file_id=output.id if output else None,

@@ -121,13 +121,14 @@ def test_api_keys_strings_and_objects() -> None:
           - key: sk-batch
             priority: -5
             maxConcurrent: 2
-          - {key: sk-vip, priority: 10}
+          - {key: sk-vip, priority: 10, name: vip}
         """)
     assert config.api_keys == (
         ApiKey("sk-plain"),
         ApiKey("sk-batch", priority=-5, max_concurrent=2),
-        ApiKey("sk-vip", priority=10),
+        ApiKey("sk-vip", priority=10, name="vip"),
     )
+    assert config.api_keys[2].owner == "vip" and "sk-plain" not in config.api_keys[0].owner
 
 
 def test_api_key_errors() -> None:
