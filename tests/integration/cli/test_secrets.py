@@ -74,3 +74,25 @@ def test_check_config_shows_the_secret_as_written(tmp_path: Path, monkeypatch: p
                              capture_output=True, text=True, env=dict(os.environ), timeout=WITHIN, check=True)
     assert REFERENCE in checked.stdout and f"UPSTREAM_TOKEN={REFERENCE}" in checked.stdout
     assert SECRET not in checked.stdout + checked.stderr and LITERAL not in checked.stdout + checked.stderr
+
+
+def test_check_config_shows_a_config_dir_secret_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLMSWAP_TEST_SECRET", SECRET)
+    config = secret_config(tmp_path)
+    conf_d = tmp_path / "conf.d"
+    conf_d.mkdir()
+    (conf_d / "b.yaml").write_text(
+        "models:\n"
+        "  b:\n"
+        f"    cmd: sh -c 'sleep 1000' sh --token {REFERENCE}\n"
+        "    proxy: http://127.0.0.1:9\n"
+    )
+    checked = subprocess.run(
+        [sys.executable, "-m", "llmswap", "check-config", "--config", str(config),
+         "--config-dir", str(conf_d)],
+        capture_output=True, text=True, env=dict(os.environ), timeout=WITHIN, check=True,
+    )
+    assert f"--token {REFERENCE}" in checked.stdout and f"--api-key {REFERENCE}" in checked.stdout
+    assert SECRET not in checked.stdout + checked.stderr
