@@ -2,7 +2,8 @@
 
 The pipeline follows llama-swap's: `${env.NAME}` on the text, YAML parsing, global macros on every
 top-level value but `models`, then per model (sorted ids) its macros, `${PORT}`, and the checks for
-macros left over. Then the typed reads, the alias map, peers, routing, hooks, keys and tasks. Every
+macros left over. Then the typed reads, the alias map, peers, routing, selectors, profiles, hooks,
+keys and tasks. Every
 problem found on the way is collected; `ConfigError` lists them all, each with file, line and key.
 """
 
@@ -30,7 +31,9 @@ from llmswap.config.model import (
 )
 from llmswap.config.models_section import ModelDefaults, ModelDraft, expand_model, read_model
 from llmswap.config.peers_section import read_peers
+from llmswap.config.profiles_section import read_profiles
 from llmswap.config.routing_section import read_routing
+from llmswap.config.selectors_section import Names, read_selectors
 from llmswap.config.tasks_section import read_tasks, resolve_path
 from llmswap.config.yamltree import Map, Scalar, describe, parse_document
 
@@ -57,6 +60,8 @@ TOP_LEVEL_KEYS = (
     "maxRequestBodySize",
     "stateDir",
     "tasks",
+    "selectors",
+    "profiles",
 )
 # llama-swap features llmswap does not have; a llama-swap file carrying them still loads.
 IGNORED_TOP_LEVEL_KEYS = (
@@ -65,8 +70,6 @@ IGNORED_TOP_LEVEL_KEYS = (
     "store",
     "ui",
     "performance",
-    "profiles",
-    "selectors",
     "logRequests",
 )
 LOG_LEVELS = ("debug", "info", "warn", "error")
@@ -157,12 +160,18 @@ def load_config_text(
 
     base_dir = Path(path).expanduser().absolute().parent
     state_dir = root.text("stateDir").strip()
+    peers = read_peers(root, model_ids, aliases)
+    routing = read_routing(root, model_ids, aliases)
+    names = Names(model_ids, aliases, peers)
+    selectors = read_selectors(root, names, routing)  # after peers, before profiles (as llama-swap)
     config = Config(
         path=Path(path),
         models=MappingProxyType({model_id: draft.config for model_id, draft in models.items()}),
         aliases=MappingProxyType(aliases),
-        peers=MappingProxyType(read_peers(root, model_ids, aliases)),
-        routing=read_routing(root, model_ids, aliases),
+        peers=MappingProxyType(peers),
+        routing=routing,
+        selectors=MappingProxyType(selectors),
+        profiles=MappingProxyType(read_profiles(root, names, selectors)),
         health_check_timeout=health_check_timeout,
         start_port=start_port,
         global_ttl=global_ttl,

@@ -28,6 +28,7 @@ from llmswap.scheduler.errors import SchedulerError, ShuttingDown, SwapFailed
 from llmswap.scheduler.types import (
     Effects,
     HandlerRequest,
+    ModelLoad,
     ProcessStopped,
     Scheduler,
     SchedulerFactory,
@@ -385,6 +386,17 @@ class BaseRouter(Effects):
 
     def snapshot(self) -> SchedulerSnapshot:
         return self.scheduler.snapshot()
+
+    def load_of(self, model: str) -> ModelLoad | None:
+        """What a request for `model` arriving now would meet; None when this router lacks the model."""
+        if self._handover_out is not None:
+            return self._handover_out.new.load_of(model)
+        state = self.model_state(model)
+        if state is None:
+            return None
+        counts = self.scheduler.snapshot()
+        return ModelLoad(state, counts.in_flight.get(model, 0), counts.waiting.get(model, 0),
+                         model in counts.loading, self.scheduler.accepts(model))
 
     def model_extras(self, model: str) -> dict[str, Any]:
         """Router-specific facts about a model for /running and /v1/models (vram: its footprint)."""

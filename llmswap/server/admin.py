@@ -23,6 +23,8 @@ from llmswap.scheduler.types import SchedulerSnapshot
 from llmswap.server.errors import error_response
 from llmswap.server.middleware import note_model
 from llmswap.server.peers import peer_models
+from llmswap.server.profiles import active_profile, pin_records
+from llmswap.server.selectors import selector_records
 from llmswap.server.state import state
 
 log = logging.getLogger("llmswap.admin")
@@ -149,7 +151,12 @@ def _plain(value: Any) -> Any:
 
 async def list_models(request: web.Request) -> web.Response:
     server = state(request)
-    records = model_records(server.config, server.router.running_models(), int(time.time()))
+    created = int(time.time())
+    records = model_records(server.config, server.router.running_models(), created)
+    # Selectors, and the active profile's pins that name nothing else, are listed as llama-swap lists them.
+    records += selector_records(server.config, server.router, created)
+    records += pin_records(server.config, active_profile(server).profile, created)
+    records.sort(key=lambda record: record["id"])
     for record in records:
         # Router-specific facts (the vram router's footprint) ride along under llmswap's own key.
         meta = record.get("meta", {}).get("llamaswap", {})

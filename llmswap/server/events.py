@@ -54,7 +54,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -63,6 +63,9 @@ from llmswap.process.state import ProcessState
 from llmswap.router.base import BaseRouter, SwapFinished, SwapStarted
 from llmswap.scheduler.types import SwapPlan
 from llmswap.server.state import STATE, ServerState
+
+if TYPE_CHECKING:
+    from llmswap.server.profiles import ProfileChanged
 
 log = logging.getLogger("llmswap.events")
 
@@ -320,6 +323,10 @@ class EventFeed:
                     "duration": getattr(item, "duration", None), "time": self.wall_clock(),
                 }))
         self._check_soon()
+
+    def on_profile_changed(self, change: ProfileChanged) -> None:
+        """The active profile changed (`llmswap.server.profiles`): `profile` {"active": name or null}."""
+        self.bus.publish(Event("profile", {"active": change.active}))
 
     # ------------------------------------------------------------------ queue depths
 
