@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import MappingProxyType
 
 import pytest
+import yaml
 
+from llmswap.config import format_config, load_config
 from llmswap.config.model import ProfileConfig, SelectorConfig
 
 from .support import errors_of, load, one_error
@@ -156,3 +159,24 @@ profiles:
 ])
 def test_a_bad_profile_is_refused_naming_it_and_the_fix(profile: str, message: str) -> None:
     assert one_error(MODELS + "profiles:\n  " + profile + "\n") == message
+
+
+def test_check_config_output_shows_selectors_and_profiles() -> None:
+    config = load(MODELS + """\
+selectors:
+  s: {strategy: spillover, targets: [a, lan/big], settings: {spillover: 2}, name: S}
+profiles:
+  p: {pins: {x: s, b: null}}
+""")
+    shown = yaml.safe_load(format_config(config))
+    assert shown["selectors"] == {"s": {"strategy": "spillover", "targets": ["a", "lan/big"],
+                                        "settings": {"spillover": 2}, "name": "S"}}
+    assert shown["profiles"] == {"p": {"description": "", "pins": {"x": "s", "b": ""}}}
+
+
+def test_the_example_config_has_working_selectors_and_profiles() -> None:
+    example = Path(__file__).parents[3] / "config.example.yaml"
+    environ = {"LLMSWAP_API_KEY": "sk-example-key-0123", "OPENROUTER_API_KEY": "x"}
+    config = load_config(example, environ=environ)
+    assert config.selectors["coding-model"].targets == ("qwen3-8b", "openrouter/deepseek/deepseek-v3.2")
+    assert config.profiles["offline"].pins["deepseek/deepseek-v3.2"] == ""
