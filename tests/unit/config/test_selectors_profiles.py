@@ -180,3 +180,21 @@ def test_the_example_config_has_working_selectors_and_profiles() -> None:
     config = load_config(example, environ=environ)
     assert config.selectors["coding-model"].targets == ("qwen3-8b", "openrouter/deepseek/deepseek-v3.2")
     assert config.profiles["offline"].pins["deepseek/deepseek-v3.2"] == ""
+
+
+LLAMA_SWAP_EXAMPLE = Path(__file__).parent / "data" / "llama-swap-example.yaml"
+LLAMA_SWAP_ENV = {"HOME": "/home/user", "API_KEY_1": "sk-one-0123", "OPENROUTER_API_KEY": "sk-or-0123"}
+
+
+def test_a_llama_swap_example_config_with_selectors_and_profiles_loads_silently() -> None:
+    config = load_config(LLAMA_SWAP_EXAMPLE, environ=LLAMA_SWAP_ENV)
+    assert config.warnings == ()
+    assert config.routing.router.use == "matrix"
+    assert {s.id: (s.strategy, s.targets) for s in config.selectors.values()} == {
+        "coding-model": ("warm", ("qwen-model", "gemma-model")),
+        "chat": ("pin", ("gpt-4o-mini",)),
+        "overflow": ("spillover", ("gemma-model", "openrouter/z-ai/glm-4.7")),
+        "pair": ("spillover", ("qwen-model", "reranker-model")),
+    }
+    assert config.selectors["overflow"].spillover == 2 and config.selectors["pair"].unlisted
+    assert dict(config.profiles["cheap"].pins) == {"chat": "qwen-model", "gpt-oss-120b": ""}
