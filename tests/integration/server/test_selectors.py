@@ -1,14 +1,16 @@
 """Selectors over real demo upstreams on loopback: each strategy, a peer target, the listing, the refusal on
-/upstream, and the batch scheduler's queue counted by `warm`."""
+/upstream, and the queue counted by `warm` under the batch scheduler and the vram router."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from llmswap.config.model import (
     DEFAULT_GROUP_ID,
@@ -21,8 +23,11 @@ from llmswap.config.model import (
     RoutingConfig,
     SchedulerConfig,
     SelectorConfig,
+    VramSettings,
 )
+from llmswap.gpu import FakeReader, GiB
 from llmswap.process.state import ProcessState
+from llmswap.router import BaseRouter, build_router
 from llmswap.server.inference import SELECTORS_KEY
 from llmswap.server.selectors import SelectorBook
 from tests.helpers.demo import running_demo
@@ -135,16 +140,35 @@ async def test_a_selector_is_not_an_upstream_name(
         assert (await reply.json())["error"]["message"].startswith("model not found")
 
 
-async def test_warm_under_the_batch_scheduler_counts_queued_requests_against_the_bound(
-    serve_config: ServeConfig, http: aiohttp.ClientSession
+def queue_bound_world(kind: str, tmp_path: Path) -> tuple[Config, BaseRouter | None]:
+    """a and b able to run side by side, b never healthy while the test runs, two waiters per model at most:
+    under the batch scheduler (group router), or under the vram router (fifo scheduler, a fake GPU)."""
+    admission = AdmissionConfig(max_queue_per_model=2)
+    chosen = selectors(SelectorConfig("any", "warm", ("a", "b")))
+    if kind == "batch":
+        slow_b = demo_config("b", "--startup-delay", "60", health_check_timeout=90.0)
+        scheduler = SchedulerConfig(use="batch", admission=admission)
+        return side_by_side(demo_config("a"), slow_b, scheduler=scheduler, selectors=chosen), None
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    on_gpu = ("--fake-vram", "1GiB", "--fake-gpu-dir", str(gpu))
+    models = (demo_config("a", *on_gpu, vram=GiB),
+              demo_config("b", *on_gpu, "--startup-delay", "60", vram=GiB, health_check_timeout=90.0))
+    routing = RoutingConfig(router=RouterConfig(use="vram", vram=VramSettings(reserve=0)),
+                            scheduler=SchedulerConfig(admission=admission))
+    config = Config(models={m.id: m for m in models}, routing=routing, selectors=chosen,
+                    state_dir=tmp_path / "state")
+    return config, build_router(config, reader=FakeReader(totals=(8 * GiB,), gpu_dir=gpu))
+
+
+@pytest.mark.parametrize("kind", ["batch", "vram"])
+async def test_warm_counts_queued_requests_against_the_bound(
+    serve_config: ServeConfig, http: aiohttp.ClientSession, tmp_path: Path, kind: str
 ) -> None:
-    # b never becomes healthy while the test runs: requests for it queue behind its load. The queue bound
-    # is two per model: warm joins b while b can take the request, and starts a only once b cannot.
-    slow_b = demo_config("b", "--startup-delay", "60", health_check_timeout=90.0)
-    scheduler = SchedulerConfig(use="batch", admission=AdmissionConfig(max_queue_per_model=2))
-    config = side_by_side(demo_config("a"), slow_b, scheduler=scheduler, selectors=selectors(
-        SelectorConfig("any", "warm", ("a", "b"))))
-    served = await serve_config(config)
+    # Requests for b queue behind its load. warm joins b while b can take the request within its queue
+    # bound, and starts a only once b cannot (llama-swap would pick the starting b and answer 429).
+    config, router = queue_bound_world(kind, tmp_path)
+    served = await serve_config(config, router=router)
     waiting: list[asyncio.Task[Any]] = []
 
     def queue_for(model: str) -> None:
