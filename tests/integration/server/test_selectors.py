@@ -94,6 +94,11 @@ async def test_pin_always_goes_to_the_first_target_under_its_own_name(
     assert answered == "a"
     assert echo["body"]["model"] == "a"  # the upstream never sees the selector id
     assert book(served).outstanding("fixed") == {}
+    async with http.get(served.at("/v1/audio/voices"), params={"model": "fixed", "x": "y"}) as response:
+        assert response.headers["X-Demo-Model"] == "a"
+        assert (await response.json())["echo"]["query"] == {"model": "a", "x": "y"}
+    async with http.post(served.at("/api/models/unload/fixed")) as response:
+        assert response.status == 404  # a selector runs nothing of its own
 
 
 async def test_warm_prefers_a_ready_target_and_cold_starts_the_first_otherwise(
