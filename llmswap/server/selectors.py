@@ -34,10 +34,6 @@ class TargetView:
     load: ModelLoad | None
 
     @property
-    def local(self) -> bool:
-        return self.load is not None
-
-    @property
     def accepts(self) -> bool:
         return self.load is None or self.load.accepts
 
