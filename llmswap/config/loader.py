@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -182,7 +182,7 @@ def load_config_text(
         send_loading_state=send_loading_state,
         include_aliases_in_list=root.flag("includeAliasesInList", False),
         api_keys=_api_keys(root),
-        preload=_preload(root, resolve),
+        preload=_preload(root, resolve, selectors),
         upstream_ignore_paths=_ignore_paths(root),
         max_request_body=_max_request_body(root),
         state_dir=resolve_path(state_dir or DEFAULT_STATE_DIR, base_dir),
@@ -323,7 +323,9 @@ def _api_keys(root: Fields) -> tuple[ApiKey, ...]:
     return tuple(keys)
 
 
-def _preload(root: Fields, resolve: Callable[[str], str | None]) -> tuple[str, ...]:
+def _preload(
+    root: Fields, resolve: Callable[[str], str | None], selectors: Collection[str]
+) -> tuple[str, ...]:
     hooks = root.mapping("hooks", "a mapping with on_startup:")
     hooks.warn_unknown(("on_startup",))
     on_startup = hooks.mapping("on_startup", "a mapping with preload:")
@@ -334,6 +336,9 @@ def _preload(root: Fields, resolve: Callable[[str], str | None]) -> tuple[str, .
         if not name:
             continue
         model = resolve(name)
+        if model is None and name in selectors:
+            root.problems.warn(line, where, f'"{name}" is a selector, not preloaded; list the model to load')
+            continue
         if model is None:
             root.problems.warn(line, where, f'unknown model "{name}" is not preloaded')
             continue

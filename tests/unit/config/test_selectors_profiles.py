@@ -198,3 +198,16 @@ def test_a_llama_swap_example_config_with_selectors_and_profiles_loads_silently(
     }
     assert config.selectors["overflow"].spillover == 2 and config.selectors["pair"].unlisted
     assert dict(config.profiles["cheap"].pins) == {"chat": "qwen-model", "gpt-oss-120b": ""}
+
+
+def test_a_selector_in_preload_is_skipped_with_a_warning() -> None:
+    config = load(MODELS + """\
+selectors:
+  s: {strategy: pin, targets: [a]}
+hooks: {on_startup: {preload: [s, b]}}
+""")
+    assert config.preload == ("b",)
+    assert config.warnings == (
+        'config.yaml:9: hooks.on_startup.preload[0]: "s" is a selector, not preloaded; '
+        "list the model to load",
+    )
