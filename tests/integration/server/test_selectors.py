@@ -29,8 +29,9 @@ from llmswap.gpu import FakeReader, GiB
 from llmswap.process.state import ProcessState
 from llmswap.router import BaseRouter, build_router
 from llmswap.server.inference import SELECTORS_KEY
+from llmswap.server.reload import apply_config
 from llmswap.server.selectors import SelectorBook
-from tests.helpers.demo import running_demo
+from tests.helpers.demo import free_port, running_demo
 from tests.helpers.models import demo_config
 from tests.integration.server.conftest import ServeConfig, Served, until
 
@@ -196,3 +197,21 @@ async def test_warm_counts_queued_requests_against_the_bound(
         for task in waiting:
             task.cancel()
         await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def test_a_reload_starts_the_selector_counts_again(
+    serve_config: ServeConfig, http: aiohttp.ClientSession
+) -> None:
+    def config() -> Config:
+        return side_by_side(demo_config("a", *SLOW, port=port), selectors=selectors(
+            SelectorConfig("spill", "spillover", ("a",), spillover=1)))
+
+    port = free_port()
+    served = await serve_config(config())
+    async with held(http, served, "spill"):
+        before = book(served)
+        assert before.outstanding("spill") == {"a": 1}
+        apply_config(served.state, config())  # an equal config: a keeps running, the counts start over
+        assert (await ask(http, served, "spill"))[0] == "a"
+        assert book(served) is not before and book(served).outstanding("spill") == {}
+    await until(lambda: before.outstanding("spill") == {}, what="the old book's request to end")
