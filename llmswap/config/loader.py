@@ -2,7 +2,8 @@
 
 The pipeline follows llama-swap's: `${env.NAME}` on the text, YAML parsing, global macros on every
 top-level value but `models`, then per model (sorted ids) its macros, `${PORT}`, and the checks for
-macros left over. Then the typed reads, the alias map, peers, routing, hooks, keys and tasks. Every
+macros left over. Then the typed reads, the alias map, peers, routing, selectors, profiles, hooks,
+keys and tasks. Every
 problem found on the way is collected; `ConfigError` lists them all, each with file, line and key.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -32,7 +33,9 @@ from llmswap.config.model import (
 )
 from llmswap.config.models_section import ModelDefaults, ModelDraft, expand_model, read_model
 from llmswap.config.peers_section import read_peers
+from llmswap.config.profiles_section import read_profiles
 from llmswap.config.routing_section import read_routing
+from llmswap.config.selectors_section import Names, read_selectors
 from llmswap.config.tasks_section import read_tasks, resolve_path
 from llmswap.config.yamltree import Map, Scalar, describe, parse_document
 
@@ -61,6 +64,8 @@ TOP_LEVEL_KEYS = (
     "tasks",
     "cors",
     "allowedHosts",
+    "selectors",
+    "profiles",
 )
 # llama-swap features llmswap does not have; a llama-swap file carrying them still loads.
 IGNORED_TOP_LEVEL_KEYS = (
@@ -69,8 +74,6 @@ IGNORED_TOP_LEVEL_KEYS = (
     "store",
     "ui",
     "performance",
-    "profiles",
-    "selectors",
     "logRequests",
 )
 LOG_LEVELS = ("debug", "info", "warn", "error")
@@ -190,12 +193,18 @@ def load_tree(
         return name if name in models else aliases.get(name)
 
     state_dir = root.text("stateDir").strip()
+    peers = read_peers(root, model_ids, aliases)
+    routing = read_routing(root, model_ids, aliases)
+    names = Names(model_ids, aliases, peers)
+    selectors = read_selectors(root, names, routing)  # after peers, before profiles (as llama-swap)
     config = Config(
         path=Path(path),
         models=MappingProxyType({model_id: draft.config for model_id, draft in models.items()}),
         aliases=MappingProxyType(aliases),
-        peers=MappingProxyType(read_peers(root, model_ids, aliases)),
-        routing=read_routing(root, model_ids, aliases),
+        peers=MappingProxyType(peers),
+        routing=routing,
+        selectors=MappingProxyType(selectors),
+        profiles=MappingProxyType(read_profiles(root, names, selectors)),
         health_check_timeout=health_check_timeout,
         start_port=start_port,
         global_ttl=global_ttl,
@@ -206,7 +215,7 @@ def load_tree(
         send_loading_state=send_loading_state,
         include_aliases_in_list=root.flag("includeAliasesInList", False),
         api_keys=_api_keys(root),
-        preload=_preload(root, resolve),
+        preload=_preload(root, resolve, selectors),
         upstream_ignore_paths=_ignore_paths(root),
         max_request_body=_max_request_body(root),
         state_dir=resolve_path(state_dir or DEFAULT_STATE_DIR, base_dir),
@@ -373,7 +382,9 @@ def _api_keys(root: Fields) -> tuple[ApiKey, ...]:
     return tuple(keys)
 
 
-def _preload(root: Fields, resolve: Callable[[str], str | None]) -> tuple[str, ...]:
+def _preload(
+    root: Fields, resolve: Callable[[str], str | None], selectors: Collection[str]
+) -> tuple[str, ...]:
     hooks = root.mapping("hooks", "a mapping with on_startup:")
     hooks.warn_unknown(("on_startup",))
     on_startup = hooks.mapping("on_startup", "a mapping with preload:")
@@ -384,6 +395,9 @@ def _preload(root: Fields, resolve: Callable[[str], str | None]) -> tuple[str, .
         if not name:
             continue
         model = resolve(name)
+        if model is None and name in selectors:
+            root.problems.warn(line, where, f'"{name}" is a selector, not preloaded; list the model to load')
+            continue
         if model is None:
             root.problems.warn(line, where, f'unknown model "{name}" is not preloaded')
             continue

@@ -140,6 +140,33 @@ class PeerConfig:
     timeouts: Timeouts = field(default_factory=lambda: Timeouts(response_header=60.0))
 
 
+SELECTOR_STRATEGIES = ("warm", "pin", "spillover")
+
+
+@dataclass(frozen=True)
+class SelectorConfig:
+    """`selectors.<id>`: a virtual model id that picks one of its targets per request."""
+
+    id: str
+    strategy: str  # warm | pin | spillover
+    targets: tuple[str, ...]  # as written: model ids, aliases, `<peer>/<model>` or bare peer model names
+    spillover: int = 1  # YAML `settings.spillover`: requests a spillover target takes before the next
+    name: str = ""
+    description: str = ""
+    unlisted: bool = False
+    metadata: Mapping[str, Any] = _no_entries()
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """`profiles.<id>`: named pins, switched at run time (`PUT /api/profiles/active`)."""
+
+    id: str
+    description: str = ""
+    pins: Mapping[str, str] = _no_entries()  # requested name -> target; "" (YAML null or "") = disabled
+
+
 @dataclass(frozen=True)
 class GroupConfig:
     """A group of the group router (`routing.router.settings.groups.<id>`, legacy `groups.<id>`)."""
@@ -271,6 +298,8 @@ class Config:
     # llmswap: YAML `cors.allowedOrigins` and `allowedHosts`, beyond loopback (llmswap.server.guard)
     allowed_origins: tuple[OriginPattern, ...] = ()
     allowed_hosts: tuple[HostPattern, ...] = ()
+    selectors: Mapping[str, SelectorConfig] = _no_entries()
+    profiles: Mapping[str, ProfileConfig] = _no_entries()
     warnings: tuple[str, ...] = ()  # unknown keys and silent adjustments, each naming file:line
 
     def real_model_name(self, name: str) -> str | None:

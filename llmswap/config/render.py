@@ -248,6 +248,19 @@ def format_config(config: Config) -> str:
             "scheduler": _scheduler(config.routing.scheduler),
         },
         "tasks": _tasks(config.tasks),
+        "selectors": {
+            selector.id: _pruned({
+                "strategy": selector.strategy, "targets": list(selector.targets),
+                "settings": {"spillover": selector.spillover} if selector.strategy == "spillover" else None,
+                "name": selector.name, "description": selector.description,
+                "unlisted": selector.unlisted or None, "metadata": dict(selector.metadata) or None,
+            })
+            for selector in config.selectors.values()
+        } or None,
+        "profiles": {
+            profile.id: {"description": profile.description, "pins": dict(profile.pins)}
+            for profile in config.profiles.values()
+        } or None,
     }
     document = {key: value for key, value in document.items() if value is not None}
     header = "".join(f"# warning: {warning}\n" for warning in config.warnings)

@@ -28,6 +28,7 @@ from llmswap.scheduler.errors import SchedulerError, ShuttingDown, SwapFailed
 from llmswap.scheduler.types import (
     Effects,
     HandlerRequest,
+    ModelLoad,
     ProcessStopped,
     Scheduler,
     SchedulerFactory,
@@ -177,6 +178,9 @@ class BaseRouter(Effects):
         self._processed = 0  # events fully handled; tests wait on it instead of sleeping
         self._idle = asyncio.Event()
         self._serving: dict[str, int] = {}  # granted requests whose response has not ended, per model
+        # Requests posted to the run loop that the scheduler has not seen yet, per model: `load_of` counts
+        # them, so two choices made in one loop step do not both see room for one.
+        self._unhandled: dict[str, int] = {}
         # Config reload: the handover this router took over from (its predecessor still winding down),
         # and the one that retired it. See llmswap.router.handover.
         self._handover_in: Handover | None = None
@@ -326,6 +330,7 @@ class BaseRouter(Effects):
             model=model, seq=next(self._seq), arrived=self.clock(), priority=priority,
             api_key=api_key, handle=waiter,
         )
+        self._unhandled[model] = self._unhandled.get(model, 0) + 1
         self._events.put_nowait(_Request(req))
         admitted_told = False
         try:
@@ -386,6 +391,18 @@ class BaseRouter(Effects):
     def snapshot(self) -> SchedulerSnapshot:
         return self.scheduler.snapshot()
 
+    def load_of(self, model: str) -> ModelLoad | None:
+        """What a request for `model` arriving now would meet; None when this router lacks the model."""
+        if self._handover_out is not None:
+            return self._handover_out.new.load_of(model)
+        state = self.model_state(model)
+        if state is None:
+            return None
+        counts = self.scheduler.snapshot()
+        ahead = self._unhandled.get(model, 0)
+        return ModelLoad(state, counts.in_flight.get(model, 0), counts.waiting.get(model, 0) + ahead,
+                         model in counts.loading, self.scheduler.accepts(model, ahead))
+
     def model_extras(self, model: str) -> dict[str, Any]:
         """Router-specific facts about a model for /running and /v1/models (vram: its footprint)."""
         return {}
@@ -424,6 +441,7 @@ class BaseRouter(Effects):
             try:
                 match event:
                     case _Request(req):
+                        _decrement(self._unhandled, req.model)
                         sched.on_request(req)
                     case _Cancel(req):
                         sched.on_cancel(req)
@@ -662,6 +680,14 @@ class BaseRouter(Effects):
 
 def _succeeded(fut: asyncio.Future[Any]) -> bool:
     return fut.done() and not fut.cancelled() and fut.exception() is None
+
+
+def _decrement(counts: dict[str, int], key: str) -> None:
+    left = counts.get(key, 0) - 1
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -101,6 +101,15 @@ class Admission:
             return self._full(req, waiting, rank, "global", c.max_queue)
         return ADMIT
 
+    def room_for(self, model: str, waiting: Sequence[HandlerRequest], ahead: int = 0) -> bool:
+        """Whether one more waiter for `model` fits within both queue bounds (shedding aside), after
+        `ahead` more for it that are on their way."""
+        c = self.config
+        same_model = sum(1 for w in waiting if w.model == model) + ahead
+        if c.max_queue_per_model > 0 and same_model >= c.max_queue_per_model:
+            return False
+        return not (c.max_queue > 0 and len(waiting) + ahead >= c.max_queue)
+
     def _full(
         self, req: HandlerRequest, scope_waiters: Sequence[HandlerRequest], rank: Rank, scope: Scope,
         bound: int,

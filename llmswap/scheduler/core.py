@@ -323,6 +323,17 @@ class QueueScheduler(ABC):
         loading = tuple(sorted(m for m, s in self._active.items() if s.detached != "unloaded"))
         return SchedulerSnapshot(waiting=waiting, in_flight=dict(self._in_flight), loading=loading)
 
+    def accepts(self, model: str, ahead: int = 0) -> bool:
+        """Whether a request for `model` arriving now, after `ahead` others for it already on their way,
+        would be taken rather than refused: within the model's concurrencyLimit (queued and running both
+        count) and, if it would wait, within the queue bounds. Read-only; selectors ask it."""
+        if self._shutdown is not None or self._effects.model_state(model) is None:
+            return False
+        taken = self._reserved.get(model, 0) + self._effects.inherited_in_flight(model) + ahead
+        if taken >= self._limit(model):
+            return False
+        return not self._would_wait(model) or self._admission.room_for(model, list(self._waiters()), ahead)
+
     # ----------------------------------------------------------------------------- shared decisions
 
     def _start_swap(self, req: HandlerRequest, evict: tuple[str, ...], running: Sequence[str], rule: str,

@@ -88,6 +88,17 @@ class SchedulerSnapshot:
     loading: tuple[str, ...] = ()  # models with a swap in progress
 
 
+@dataclass(frozen=True)
+class ModelLoad:
+    """One model's load as a request arriving now would meet it (read by selectors)."""
+
+    state: ProcessState
+    in_flight: int = 0  # granted, response not ended
+    waiting: int = 0  # queued or joined to a swap, or posted to the router and not yet handled
+    loading: bool = False  # a swap to it is under way
+    accepts: bool = True  # one more request would be taken within its limits and queue bounds
+
+
 class Effects(Protocol):
     """The scheduler's whole window onto the world, implemented by `BaseRouter`."""
 
@@ -139,6 +150,9 @@ class Scheduler(Protocol):
 
     def on_shutdown(self, err: SchedulerError) -> None: ...
     def snapshot(self) -> SchedulerSnapshot: ...
+    def accepts(self, model: str, ahead: int = 0) -> bool:
+        """Whether a request for `model` arriving now (after `ahead` more on their way) would be taken,
+        not refused by a limit or a queue bound."""
 
 
 class Swapper(Protocol):

@@ -25,14 +25,15 @@ from llmswap.scheduler.types import SchedulerSnapshot
 from llmswap.server.errors import error_response, scheduler_error_response
 from llmswap.server.middleware import note_model
 from llmswap.server.peers import peer_models
+from llmswap.server.profiles import active_profile, pin_records
 from llmswap.server.proxy import CLIENT_CLOSED_REQUEST, while_connected
+from llmswap.server.records import CAPABILITY_KEYS, plain, render_capabilities
+from llmswap.server.selectors import selector_records
 from llmswap.server.state import request_api_key, state
 
 log = logging.getLogger("llmswap.admin")
 
 OWNER = "llmswap"
-# Top-level keys the capabilities renderer owns: a model's metadata may not shadow them.
-CAPABILITY_KEYS = frozenset({"architecture", "capabilities", "supported_parameters", "context_length"})
 
 
 def setup(app: web.Application) -> None:
@@ -93,7 +94,7 @@ def _record(
         record["name"] = name.strip()
     if description.strip():
         record["description"] = description.strip()
-    user = _plain(metadata)
+    user = plain(metadata)
     if capabilities is not None:
         record.update(render_capabilities(capabilities))
         user = {key: value for key, value in user.items() if key not in CAPABILITY_KEYS}
@@ -105,55 +106,14 @@ def _record(
     return record
 
 
-def render_capabilities(caps: Capabilities) -> dict[str, Any]:
-    """`models.<id>.capabilities` as the OpenRouter-style keys clients read from a model list."""
-    fields: dict[str, Any] = {}
-    inputs, outputs = list(caps.input), list(caps.output)
-    architecture: dict[str, Any] = {}
-    if inputs:
-        architecture["input_modalities"] = inputs
-    if outputs:
-        architecture["output_modalities"] = outputs
-    if inputs and outputs:
-        architecture["modality"] = "+".join(inputs) + "->" + "+".join(outputs)
-    if architecture:
-        fields["architecture"] = architecture
-    flags: dict[str, bool] = {}
-    if "image" in inputs:
-        flags["vision"] = True
-    pairs = {
-        "audio_transcriptions": ("audio", "text"),
-        "audio_speech": ("text", "audio"),
-        "image_generation": ("text", "image"),
-        "image_to_image": ("image", "image"),
-    }
-    for flag, (given, made) in pairs.items():
-        if given in inputs and made in outputs:
-            flags[flag] = True
-    if caps.tools:
-        flags["function_calling"] = True
-        fields["supported_parameters"] = ["tools", "tool_choice"]
-    if caps.reranker:
-        flags["reranker"] = True
-    if flags:
-        fields["capabilities"] = flags
-    if caps.context > 0:
-        fields["context_length"] = caps.context
-    return fields
-
-
-def _plain(value: Any) -> Any:
-    """Config values (read-only mappings, tuples) as JSON-ready dicts and lists."""
-    if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(item) for item in value]
-    return value
-
-
 async def list_models(request: web.Request) -> web.Response:
     server = state(request)
-    records = model_records(server.config, server.router.running_models(), int(time.time()))
+    created = int(time.time())
+    records = model_records(server.config, server.router.running_models(), created)
+    # Selectors, and the active profile's pins that name nothing else, are listed as llama-swap lists them.
+    records += selector_records(server.config, server.router, created)
+    records += pin_records(server.config, active_profile(server).profile, created)
+    records.sort(key=lambda record: record["id"])
     for record in records:
         # Router-specific facts (the vram router's footprint) ride along under llmswap's own key.
         meta = record.get("meta", {}).get("llamaswap", {})

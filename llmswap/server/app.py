@@ -27,6 +27,7 @@ def create_app(server_state: ServerState) -> web.Application:
         logs,
         metrics,
         middleware,
+        profiles,
         realtime,
         ui,
         upstream,
@@ -49,6 +50,7 @@ def create_app(server_state: ServerState) -> web.Application:
     batch_http.setup(app)
     metrics.setup(app)
     events.setup(app)
+    profiles.setup(app)
     ui.setup(app)
     app.on_startup.append(_start_tasks)
     app.on_cleanup.append(_stop_tasks)

@@ -16,8 +16,8 @@ from llmswap.config.model import Config
 from llmswap.process.state import ProcessState
 from llmswap.router.base import BaseRouter
 from llmswap.scheduler.types import SwapPlan
-from llmswap.server.admin import render_capabilities
 from llmswap.server.peers import peer_models
+from llmswap.server.records import render_capabilities
 
 # The state a process is in once it has reported each event (see llmswap.process.process). Read from the
 # event rather than from a router: after a config reload the router that hears it may not own the process.

@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 
 from aiohttp import hdrs, web
 
-from llmswap.config.model import ModelConfig, PeerConfig
+from llmswap.config.model import Config, ModelConfig, PeerConfig
 from llmswap.process.state import ProcessState
 from llmswap.router import BaseRouter
 from llmswap.scheduler.errors import SchedulerError
@@ -26,6 +26,7 @@ from llmswap.server.filters import FilterPlan, apply_plan, plan_for
 from llmswap.server.inflight import tracker_of
 from llmswap.server.loading import LoadingFeedback, StreamDialect, dialect_for
 from llmswap.server.peers import forward_to_peer, resolve_peer
+from llmswap.server.profiles import active_profile
 from llmswap.server.proxy import (
     CLIENT_CLOSED_REQUEST,
     Body,
@@ -35,10 +36,12 @@ from llmswap.server.proxy import (
     upstream_pool,
     while_connected,
 )
-from llmswap.server.resolve import Identified, MalformedRequest, encode_form_value, identify
+from llmswap.server.resolve import Identified, MalformedRequest, encode_form_value, identify, renamed
+from llmswap.server.selectors import Lease, NoTarget, SelectorBook
 from llmswap.server.state import ServerState, request_api_key, state
 
 PRIORITY_HEADER = "X-Priority"
+SELECTORS_KEY = "selectors"  # ServerState.extras key of the current config's SelectorBook
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,7 @@ class Incoming:
     raw: bytearray
     priority: int
     dialect: StreamDialect
+    query: str | None = None  # the query string to forward instead of the client's (model renamed there)
 
 
 async def serve(request: web.Request, route: InferenceRoute) -> web.StreamResponse:
@@ -174,9 +178,25 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
         priority = request_priority(request)
     except MalformedRequest as exc:
         return error_response(request, 400, exc.message)
+    # Profile pins, then selectors, rename the model where the client put it: what follows (aliases,
+    # filters, useModelName, peers, the router) sees the new name as if the client had sent it.
+    asked_for = found.model
+    pinned = active_profile(server).pin(found.model) if found.model else None
+    if pinned is not None:
+        found, raw = renamed(found, raw, pinned)
     if not found.model:
         return error_response(request, 404, "no model id could be identified")
-    incoming = Incoming(route, found, raw, priority, dialect_for(route.path))
+    lease: Lease | None = None
+    selector = config.selectors.get(found.model)
+    if selector is not None:
+        try:
+            lease = selector_book(server, config).pick(router, selector)
+        except NoTarget as exc:
+            return error_response(request, 503, str(exc))
+        found, raw = renamed(found, raw, lease.target)
+    renamed_query = found.source == "query" and found.model != asked_for
+    query = query_with_model(request, found.model) if renamed_query else None
+    incoming = Incoming(route, found, raw, priority, dialect_for(route.path), query)
     try:
         real = config.real_model_name(found.model)
         if real is not None:
@@ -190,7 +210,20 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
                 return await _serve_peer(request, peer[0], peer[1], incoming)
     except ConnectionResetError:
         return _client_left()
+    finally:
+        # A selector's count covers the request from its choice to the end of its response.
+        if lease is not None:
+            lease.release()
     return error_response(request, 404, "no router for requested model")
+
+
+def selector_book(server: ServerState, config: Config) -> SelectorBook:
+    """The book of `config`'s selectors; a reloaded config starts a new one (counts reset)."""
+    book = server.extras.get(SELECTORS_KEY)
+    if not isinstance(book, SelectorBook) or book.config is not config:
+        book = SelectorBook(config)
+        server.extras[SELECTORS_KEY] = book
+    return book
 
 
 async def _serve_local(
@@ -233,6 +266,7 @@ async def _serve_local(
                 session=upstream_pool(server).session(upstream.id, upstream.timeouts),
                 body=body,
                 response=loading_response,
+                query=incoming.query,
                 response_header_timeout=upstream.timeouts.response_header,
                 sse_error=incoming.dialect.error,
             )

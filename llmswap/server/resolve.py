@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 from urllib.parse import quote_plus, unquote_plus
 
@@ -231,3 +231,19 @@ def encode_form_value(found: Identified, value: str) -> bytes:
     if found.source == "form":
         return quote_plus(value).encode()
     return value.encode()
+
+
+def renamed(found: Identified, raw: bytearray, model: str) -> tuple[Identified, bytearray]:
+    """The request as if the client had named `model` where it named the old one (a profile pin or a
+    selector's choice): the JSON `model`, the form field, or (for the query) only `found`, the caller
+    rewrites the query string it forwards."""
+    if found.document is not None and found.source == "json":
+        document = {**found.document, "model": model}
+        body = bytearray(json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode())
+        return replace(found, model=model, document=document), body
+    if found.model_span is not None and found.source in ("multipart", "form"):
+        span = found.model_span
+        value = encode_form_value(found, model)
+        body = raw[: span.start] + value + raw[span.end :]
+        return replace(found, model=model, model_span=Span(span.start, span.start + len(value))), body
+    return replace(found, model=model), raw

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from aiohttp import web
 
@@ -32,6 +32,7 @@ from llmswap.server.inference import ROUTES, BodyTooLarge, read_body, request_pr
 from llmswap.server.inflight import tracker_of
 from llmswap.server.middleware import CLIENT_GONE, note_model, too_large_message
 from llmswap.server.peers import forward_to_peer, peer_headers, resolve_peer
+from llmswap.server.profiles import active_profile
 from llmswap.server.resolve import MalformedRequest
 from llmswap.server.state import request_api_key, state
 
@@ -74,6 +75,20 @@ def find_target(config: Config, raw_tail: str) -> UpstreamTarget | None:
     return None
 
 
+def pinned_tail(pin: Callable[[str], str | None], raw_tail: str) -> str | None:
+    """The path after `/upstream/` with the longest pinned leading name replaced by its target (the
+    rest keeps its escaping); None when that pin disables the name."""
+    segments = raw_tail.split("/")
+    for end in range(len(segments), 0, -1):
+        target = pin(unquote("/".join(segments[:end])))
+        if target is None:
+            continue
+        if not target:
+            return None
+        return "/".join([quote(target, safe="/"), *segments[end:]])
+    return raw_tail
+
+
 def ignored(path: str, patterns: Sequence[str]) -> bool:
     """Whether `upstream.ignorePaths` covers this path (each pattern may match anywhere in it)."""
     return any(re.search(pattern, path) for pattern in patterns)
@@ -86,7 +101,10 @@ async def models_page(request: web.Request) -> web.Response:
 async def to_upstream(request: web.Request) -> web.StreamResponse:
     server = state(request)
     raw_tail = request.rel_url.raw_path[len(PREFIX):]
-    target = find_target(server.config, raw_tail)
+    pinned = pinned_tail(active_profile(server).pin, raw_tail)
+    if pinned is None:
+        return error_response(request, 404, "model not found: the active profile disables this name")
+    target = find_target(server.config, pinned)
     if target is None:
         return error_response(
             request, 404, f"model not found: /upstream/{unquote(raw_tail)} names no model id, alias or peer "

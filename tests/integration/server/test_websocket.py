@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from types import MappingProxyType
 
 import aiohttp
 import pytest
 
-from llmswap.config.model import PeerConfig
+from llmswap.config.model import PeerConfig, ProfileConfig, SelectorConfig
 from llmswap.process.state import ProcessState
 from llmswap.server import websocket
+from llmswap.server.inference import SELECTORS_KEY
 from tests.helpers.demo import running_demo
 from tests.helpers.models import demo_config, exclusive_config
 from tests.integration.server.conftest import until
@@ -205,3 +207,21 @@ async def test_a_client_that_vanished_without_closing_stops_holding_its_model(
         await until_zero(served, "m")  # its pings went unanswered
     finally:
         writer.close()
+
+
+async def test_realtime_follows_profile_pins_and_selectors(serve_config, http):
+    selectors = {"listen": SelectorConfig("listen", "spillover", ("voice",))}
+    profiles = {"p": ProfileConfig("p", pins=MappingProxyType({"ears": "listen", "chat": ""}))}
+    config = dataclasses.replace(exclusive_config(demo_config("voice"), demo_config("chat")),
+                                 selectors=selectors, profiles=profiles)
+    served = await serve_config(config)
+    async with http.put(served.at("/api/profiles/active"), json={"name": "p"}) as response:
+        assert response.status == 200
+    async with http.ws_connect(served.at("/v1/realtime?model=ears")) as socket:
+        greeting = await hello(socket)
+        assert (greeting["model"], greeting["query"]) == ("voice", {"model": "voice"})
+        assert served.state.extras[SELECTORS_KEY].outstanding("listen") == {"voice": 1}  # held while open
+    await until(lambda: served.state.extras[SELECTORS_KEY].outstanding("listen") == {}, what="the release")
+    upgrade = {"Upgrade": "websocket", "Connection": "Upgrade"}
+    async with http.get(served.at("/v1/realtime?model=chat"), headers=upgrade) as response:
+        assert response.status == 404  # disabled by the active profile

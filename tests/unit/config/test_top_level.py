@@ -336,17 +336,15 @@ def test_out_of_scope_llama_swap_keys_are_silent_and_unknown_keys_warn() -> None
         store: {path: x}
         ui: {activity: {}}
         performance: {every: 5s}
-        profiles: {a: [b]}
-        selectors: {}
         logRequests: true
         globalTtl: 5
         wat: 1
         """)
     assert config.warnings == (
-        "config.yaml:9: globalTtl: unknown key, ignored; did you mean 'globalTTL'?",
-        "config.yaml:10: wat: unknown key, ignored",
+        "config.yaml:7: globalTtl: unknown key, ignored; did you mean 'globalTTL'?",
+        "config.yaml:8: wat: unknown key, ignored",
     )
 
 
 def test_unknown_macro_in_an_ignored_section_is_not_an_error() -> None:
-    assert load("profiles:\n  p: ['${nothing}']\n").warnings == ()
+    assert load("ui:\n  p: ['${nothing}']\n").warnings == ()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from llmswap.server.resolve import MalformedRequest, identify, multipart_parts
+from llmswap.server.resolve import MalformedRequest, identify, multipart_parts, renamed
 
 JSON = "application/json"
 
@@ -123,3 +123,33 @@ def test_query_is_a_fallback_for_bodies_without_a_model() -> None:
     assert (found.model, found.source) == ("q", "query")
     assert found.document == {"input": "x"}
     assert identify("POST", JSON, b'{"model": "body"}', {"model": "q"}).model == "body"
+
+
+# -------------------------------------------------------------------------------- renaming (pins, selectors)
+
+
+def test_renamed_json_names_the_new_model_and_keeps_the_rest() -> None:
+    raw = bytearray(b'{"model": "sel", "messages": [], "stream": true}')
+    found, body = renamed(identify("POST", JSON, raw, {}), raw, "qwen")
+    assert json.loads(body) == {"model": "qwen", "messages": [], "stream": True}
+    assert (found.model, found.document, found.streaming) == ("qwen", json.loads(body), True)
+
+
+def test_renamed_multipart_splices_the_field_and_leaves_the_file_alone() -> None:
+    raw = bytearray(multipart("xyz", ("file", "a.wav", b"RIFF" + bytes(64)), ("model", None, b"sel")))
+    form = "multipart/form-data; boundary=xyz"
+    found, body = renamed(identify("POST", form, raw, {}), raw, "whisper-large")
+    assert bytes(body) == bytes(raw).replace(b"\r\n\r\nsel\r\n", b"\r\n\r\nwhisper-large\r\n")
+    again = identify("POST", form, body, {})
+    assert again.model == found.model == "whisper-large" and again.model_span == found.model_span
+
+
+def test_renamed_urlencoded_encodes_the_new_name() -> None:
+    raw = bytearray(b"a=1&model=sel&b=2")
+    found, body = renamed(identify("POST", "application/x-www-form-urlencoded", raw, {}), raw, "org/m 1")
+    assert bytes(body) == b"a=1&model=org%2Fm+1&b=2" and found.model == "org/m 1"
+
+
+def test_renamed_query_leaves_the_body_to_the_caller() -> None:
+    found, body = renamed(identify("GET", "", b"", {"model": "sel"}), bytearray(), "qwen")
+    assert (found.model, found.source, bytes(body)) == ("qwen", "query", b"")
