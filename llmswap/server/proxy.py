@@ -45,6 +45,9 @@ HOP_BY_HOP = frozenset(
 # Recomputed by aiohttp from the body actually sent; `Expect: 100-continue` is answered by llmswap, which
 # already holds the whole body, so passing it on would only add a round trip.
 _REQUEST_ONLY_LOCAL = frozenset({"content-length", "expect"})
+# aiohttp's server decodes a request body in these encodings before any route reads it: the body that goes
+# on is the decoded one, so the header that described the encoding stays behind.
+DECODED_REQUEST_ENCODINGS = frozenset({"gzip", "deflate", "br", "zstd"})
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first", for the access log
 DISCONNECT_POLL = 0.1  # seconds between checks that the client is still connected
 _ERROR_BODY_LIMIT = 64 * 1024
@@ -173,6 +176,8 @@ def outgoing_headers(
     for name, value in request.headers.items():
         lower = name.lower()
         if lower in HOP_BY_HOP or lower in listed or lower in _REQUEST_ONLY_LOCAL:
+            continue
+        if lower == "content-encoding" and value.strip().lower() in DECODED_REQUEST_ENCODINGS:
             continue
         headers.add(name, value)
     if request.remote:
