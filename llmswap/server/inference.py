@@ -25,13 +25,12 @@ from llmswap.server.errors import error_response, scheduler_error_response
 from llmswap.server.filters import FilterPlan, apply_plan, plan_for
 from llmswap.server.loading import LoadingFeedback, StreamDialect, dialect_for
 from llmswap.server.peers import forward_to_peer, resolve_peer
+from llmswap.server.pool import close_upstream_pool, upstream_pool
 from llmswap.server.proxy import (
     CLIENT_CLOSED_REQUEST,
     Body,
     SplicedBody,
-    close_upstream_pool,
     forward,
-    upstream_pool,
     while_connected,
 )
 from llmswap.server.resolve import Identified, MalformedRequest, encode_form_value, identify
