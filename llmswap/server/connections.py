@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from llmswap.server.errors import error_body
 
@@ -142,19 +142,44 @@ class ClientConnection(RequestHandler):
             return super().handle_error(request, status, exc, message)
         status, text = parser_error_answer(exc)
         log.info("refused a malformed request from %s: %s", request.remote, text)
-        response = web.Response(status=status, body=error_body(status, text), content_type="application/json")
+        response = _json_error(status, text)
         response.force_close()  # the byte stream is not at a request boundary any more
         return response
+
+    def log_exception(self, *args: Any, **kwargs: Any) -> None:
+        # After a response aiohttp reads what is left of an unread request body; a client's broken
+        # remainder (bad chunking, a false Content-Encoding) is the client's fault, not a traceback.
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, (RequestPayloadError, HttpProcessingError)):
+            log.debug("dropped the unreadable rest of a request body from %s: %s", self.peername, exc)
+            return
+        super().log_exception(*args, **kwargs)
+
+
+def _json_error(status: int, message: str) -> web.Response:
+    return web.Response(status=status, body=error_body(status, message), content_type="application/json")
 
 
 class _ConnectionServer(web.Server):
     """aiohttp's server, making a `ClientConnection` (with the live config's header timeout) per client."""
 
     def __init__(self, made: web.Server, header_timeout: Callable[[], float], **handler_args: Any) -> None:
-        super().__init__(made.request_handler, request_factory=made.request_factory,
+        super().__init__(self._handle, request_factory=made.request_factory,
                          handler_cancellation=made.handler_cancellation)
+        self._app_handler = made.request_handler
         self._header_timeout = header_timeout
         self._handler_args = handler_args
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        # aiohttp answers an Expect header before any middleware runs, in plain text (and with a 500 when
+        # the value is not UTF-8); only 100-continue means something, so anything else is refused here.
+        expect = request.headers.get(hdrs.EXPECT)
+        if expect is not None and expect.strip().lower() != "100-continue":
+            shown = expect.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+            response = _json_error(417, f"unsupported Expect header {shown!r}: only 100-continue is known")
+            response.force_close()  # a body may or may not follow: the stream has no known boundary
+            return response
+        return await self._app_handler(request)
 
     def __call__(self) -> RequestHandler:
         return ClientConnection(self, loop=asyncio.get_running_loop(), header_timeout=self._header_timeout(),

@@ -54,6 +54,8 @@ CASES = {
         b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
         400,
     ),
+    "an Expect other than 100-continue": (b"GET /health HTTP/1.1\r\nHost: x\r\nExpect: nope\r\n\r\n", 417),
+    "an Expect that is not UTF-8": (b"GET /api/tasks/1 HTTP/1.1\r\nHost: x\r\nExpect: \x80\r\n\r\n", 417),
     "conflicting lengths": (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
@@ -73,5 +75,18 @@ async def test_requests_the_parser_refuses_get_the_error_envelope(
     assert status == expected, (case, status, body[:200])
     error = envelope(headers, body)
     assert error["type"] == "invalid_request_error", error
+    tracebacks = [record.getMessage() for record in caplog.records if record.exc_info]
+    assert not tracebacks, tracebacks
+
+
+async def test_an_unread_body_that_cannot_be_decoded_logs_no_traceback(
+    serve_config: ServeConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    served = await serve_config(exclusive_config(demo_config("m")))
+    raw = (b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Encoding: gzip\r\n"
+           b"Content-Length: 12\r\n\r\nnot gzipped!")  # /health never reads it; aiohttp drains it after
+    with caplog.at_level(logging.DEBUG):
+        status, _, _ = await exchange(served, raw)
+    assert status == 200
     tracebacks = [record.getMessage() for record in caplog.records if record.exc_info]
     assert not tracebacks, tracebacks
