@@ -44,18 +44,20 @@ _OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 def raise_open_file_limit() -> tuple[int, int]:
     """Lift the soft RLIMIT_NOFILE to the hard limit, logging what changed; (before, after)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft >= hard:
-        log.debug("open-file limit: %d (already the hard limit)", soft)
+    unlimited = resource.RLIM_INFINITY
+    if soft == unlimited or (hard != unlimited and soft >= hard):
+        log.debug("open-file limit: %s (already the hard limit)", "unlimited" if soft == unlimited else soft)
         return soft, soft
-    for wanted in (hard, 1 << 20, 65536, 10240):  # an unlimited hard limit may refuse the largest ones
-        if wanted == resource.RLIM_INFINITY or (soft != resource.RLIM_INFINITY and wanted <= soft):
+    # An unlimited hard limit may still refuse huge soft limits (macOS caps them): try smaller ones then.
+    for wanted in ([hard] if hard != unlimited else [1 << 20, 65536, 10240]):
+        if wanted <= soft:
             continue
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
         except (ValueError, OSError):
             continue
         log.info("open-file limit raised from %d to %d (the hard limit is %s)", soft, wanted,
-                 "unlimited" if hard == resource.RLIM_INFINITY else hard)
+                 "unlimited" if hard == unlimited else hard)
         return soft, wanted
     log.warning("open-file limit: %d, and it could not be raised (hard limit %s); each request in flight "
                 "holds two descriptors", soft, hard)
