@@ -138,3 +138,16 @@ async def test_chunked_bodies_over_the_limit_are_413_on_every_body_route(
     upload = chunked(64 * 1024, head, f"\r\n--{boundary}--\r\n".encode())
     await refused(http, served, "/v1/files", 413, data=upload,
                   headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+
+
+async def test_the_body_limit_counts_decoded_bytes_so_a_gzip_bomb_is_413(
+    serve_config: ServeConfig, http: aiohttp.ClientSession
+) -> None:
+    served = await serve_config(exclusive_config(demo_config("m"), max_request_body=1024 * 1024))
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: the gzip container
+    zeros = b"\0" * (1024 * 1024)
+    bomb = b"".join(packer.compress(zeros) for _ in range(64)) + packer.flush()  # 64 MiB in ~64 KiB
+    assert len(bomb) < 1024 * 1024
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    message = await refused(http, served, "/v1/chat/completions", 413, data=bomb, headers=headers)
+    assert "maxRequestBodySize" in message
