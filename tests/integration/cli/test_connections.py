@@ -66,7 +66,7 @@ async def test_idle_and_slowloris_connections_are_closed_while_health_answers(tm
     async with running_llmswap(config) as server:
         idle = [await asyncio.open_connection(HOST, server.port) for _ in range(60)]
         slow = [await asyncio.open_connection(HOST, server.port) for _ in range(60)]
-        head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 10_000
+        head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 10_000
 
         async def trickle(writer: asyncio.StreamWriter) -> None:
             with contextlib.suppress(ConnectionError):
@@ -124,13 +124,14 @@ async def test_every_response_once_sigterm_arrived_says_connection_close(tmp_pat
 
         reader, writer = await asyncio.open_connection(HOST, server.port)
         try:
-            writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")  # a keep-alive connection in use
+            writer.write(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # a keep-alive connection in use
             await writer.drain()
             first = await reader.readuntil(b"\r\n\r\nOK")
             assert b"Connection: close" not in first
             body = b'{"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}'
-            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                         b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))  # 10 tokens, 5 per second
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body))  # 10 tokens at 5 per second
             await writer.drain()
 
             async def in_flight() -> bool:

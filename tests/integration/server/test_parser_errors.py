@@ -41,23 +41,25 @@ def envelope(headers: dict[str, str], body: bytes) -> dict[str, Any]:
     return dict(error)
 
 
+HOST = b"Host: 127.0.0.1\r\n"  # a loopback name: the Host check lets it through
+HEALTH = b"GET /health HTTP/1.1\r\n" + HOST
 CASES = {
     "too many headers": (
-        b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(300)) + b"\r\n",
+        HEALTH + b"".join(b"X-H%d: v\r\n" % i for i in range(300)) + b"\r\n",
         431,
     ),
-    "a header too long": (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n", 431),
-    "a request line too long": (b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 431),
-    "a bad header line": (b"GET /health HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n", 400),
+    "a header too long": (HEALTH + b"X-Big: " + b"a" * 20_000 + b"\r\n\r\n", 431),
+    "a request line too long": (b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 431),
+    "a bad header line": (HEALTH + b"no colon here\r\n\r\n", 400),
     "bad chunk framing": (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
         400,
     ),
-    "an Expect other than 100-continue": (b"GET /health HTTP/1.1\r\nHost: x\r\nExpect: nope\r\n\r\n", 417),
-    "an Expect that is not UTF-8": (b"GET /api/tasks/1 HTTP/1.1\r\nHost: x\r\nExpect: \x80\r\n\r\n", 417),
+    "an Expect other than 100-continue": (HEALTH + b"Expect: nope\r\n\r\n", 417),
+    "an Expect that is not UTF-8": (b"GET /api/tasks/1 HTTP/1.1\r\n" + HOST + b"Expect: \x80\r\n\r\n", 417),
     "conflicting lengths": (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
         400,
     ),
@@ -83,7 +85,7 @@ async def test_an_unread_body_that_cannot_be_decoded_logs_no_traceback(
     serve_config: ServeConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
     served = await serve_config(exclusive_config(demo_config("m")))
-    raw = (b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Encoding: gzip\r\n"
+    raw = (HEALTH + b"Connection: close\r\nContent-Encoding: gzip\r\n"
            b"Content-Length: 12\r\n\r\nnot gzipped!")  # /health never reads it; aiohttp drains it after
     with caplog.at_level(logging.DEBUG):
         status, _, _ = await exchange(served, raw)
