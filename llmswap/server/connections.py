@@ -9,7 +9,7 @@ request aiohttp cannot parse is answered, and `Connection: close` once a stop be
                   of opening, or of the end of its previous response; otherwise it is closed (idle and
                   slowloris sockets alike)
     parser errors too many headers, a header or request line too long, broken framing: 431/400 in OpenAI's
-                  error envelope, logged as one line
+                  error envelope, logged as one line; an Expect other than 100-continue: 417, likewise
     stopping      once `Runner.begin_stop()` was called every response says `Connection: close`, and the
                   connection closes after it, so no client sends a next request into a closing connection
 
