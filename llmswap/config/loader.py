@@ -22,6 +22,7 @@ from llmswap.config.errors import ConfigError, Problem, Problems, in_file_order
 from llmswap.config.fields import Fields
 from llmswap.config.macros import Macro, apply_macros, read_macros, report_unresolved
 from llmswap.config.model import (
+    DEFAULT_CLIENT_HEADER_TIMEOUT,
     DEFAULT_HEALTH_CHECK_TIMEOUT,
     DEFAULT_MAX_REQUEST_BODY,
     DEFAULT_START_PORT,
@@ -60,6 +61,7 @@ TOP_LEVEL_KEYS = (
     "upstream",
     # llmswap additions
     "maxRequestBodySize",
+    "clientHeaderTimeout",
     "stateDir",
     "tasks",
     "cors",
@@ -218,6 +220,7 @@ def load_tree(
         preload=_preload(root, resolve, selectors),
         upstream_ignore_paths=_ignore_paths(root),
         max_request_body=_max_request_body(root),
+        client_header_timeout=_client_header_timeout(root),
         state_dir=resolve_path(state_dir or DEFAULT_STATE_DIR, base_dir),
         tasks=read_tasks(root, base_dir, resolve),
         allowed_origins=read_allowed_origins(root),
@@ -425,3 +428,12 @@ def _max_request_body(root: Fields) -> int:
         root.error("maxRequestBodySize", "must be a positive size such as 32MiB")
         return DEFAULT_MAX_REQUEST_BODY
     return size
+
+
+def _client_header_timeout(root: Fields) -> float:
+    seconds = root.number("clientHeaderTimeout", DEFAULT_CLIENT_HEADER_TIMEOUT)
+    if seconds <= 0:
+        root.error("clientHeaderTimeout", "must be a positive number of seconds (how long a client may take "
+                   f"to send a request's headers), got {seconds:g}")
+        return DEFAULT_CLIENT_HEADER_TIMEOUT
+    return seconds

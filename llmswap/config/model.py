@@ -27,6 +27,7 @@ MIN_HEALTH_CHECK_TIMEOUT = 15.0
 DEFAULT_UNLOAD_TIMEOUT = 10.0
 DEFAULT_START_PORT = 5800
 DEFAULT_MAX_REQUEST_BODY = 32 * 1024 * 1024
+DEFAULT_CLIENT_HEADER_TIMEOUT = 60.0  # seconds a client has to send a request's headers
 DEFAULT_UPSTREAM_IGNORE_PATHS = (r".*\.(js|json|css|png|gif|jpg|jpeg|ico|txt)$",)
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -293,6 +294,7 @@ class Config:
     preload: tuple[str, ...] = ()  # hooks.on_startup.preload, resolved to real model ids
     upstream_ignore_paths: tuple[str, ...] = DEFAULT_UPSTREAM_IGNORE_PATHS  # regexes
     max_request_body: int = DEFAULT_MAX_REQUEST_BODY  # llmswap: YAML `maxRequestBodySize`
+    client_header_timeout: float = DEFAULT_CLIENT_HEADER_TIMEOUT  # llmswap: YAML `clientHeaderTimeout`
     state_dir: Path | None = None  # llmswap: YAML `stateDir`, where learned footprints persist
     tasks: TasksConfig | None = None
     # llmswap: YAML `cors.allowedOrigins` and `allowedHosts`, beyond loopback (llmswap.server.guard)

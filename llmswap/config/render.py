@@ -231,6 +231,7 @@ def format_config(config: Config) -> str:
         "sendLoadingState": config.send_loading_state,
         "includeAliasesInList": config.include_aliases_in_list,
         "maxRequestBodySize": config.max_request_body,
+        "clientHeaderTimeout": _number(config.client_header_timeout),
         "stateDir": str(config.state_dir) if config.state_dir is not None else None,
         "apiKeys": [
             {"key": _redact(key.key), "priority": key.priority, "maxConcurrent": key.max_concurrent}

@@ -26,14 +26,13 @@ from llmswap.server.filters import FilterPlan, apply_plan, plan_for
 from llmswap.server.inflight import tracker_of
 from llmswap.server.loading import LoadingFeedback, StreamDialect, dialect_for
 from llmswap.server.peers import forward_to_peer, resolve_peer
+from llmswap.server.pool import close_upstream_pool, upstream_pool
 from llmswap.server.profiles import active_profile
 from llmswap.server.proxy import (
     CLIENT_CLOSED_REQUEST,
     Body,
     SplicedBody,
-    close_upstream_pool,
     forward,
-    upstream_pool,
     while_connected,
 )
 from llmswap.server.resolve import Identified, MalformedRequest, encode_form_value, identify, renamed

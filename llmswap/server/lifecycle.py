@@ -32,6 +32,7 @@ from llmswap.process.logring import LogRing
 from llmswap.router import build_router
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.server.app import create_app
+from llmswap.server.connections import DescriptorWarnings, Runner, raise_open_file_limit
 from llmswap.server.guard import is_loopback_listener
 from llmswap.server.logsetup import configure_logging
 from llmswap.server.reload import WATCH_INTERVAL, ConfigWatcher, ReloadOutcome, reload_from_sources
@@ -106,7 +107,7 @@ class Server:
             raise UnusableConfig(f"{config.path or 'the config'}: {err}") from None
         self.state = ServerState(config=config, router=router, proxy_log=self.proxy_log,
                                  loopback_listener=is_loopback_listener(options.host))
-        self.runner: web.AppRunner | None = None
+        self.runner: Runner | None = None
         self.url = ""
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
@@ -133,6 +134,8 @@ class Server:
             await self.state.router.shutdown(HURRY_GRACE)
             raise
         self.configure_logging(config)
+        raise_open_file_limit()
+        asyncio.get_running_loop().set_exception_handler(DescriptorWarnings())
         for warning in config.warnings:
             log.warning("config: %s", warning)
         if self.options.watch_config:
@@ -140,8 +143,9 @@ class Server:
             self._watcher = ConfigWatcher(self.options.sources, self.options.watch_interval)
         self.state.router.start()
         app = create_app(self.state)
-        self.runner = web.AppRunner(
-            app, handle_signals=False, access_log=None, shutdown_timeout=self.options.shutdown_grace
+        self.runner = Runner(
+            app, header_timeout=lambda: self.state.config.client_header_timeout,
+            shutdown_timeout=self.options.shutdown_grace,
         )
         try:
             await self.runner.setup()  # runs the app's on_startup hooks (e.g. opening the task database)
@@ -215,6 +219,8 @@ class Server:
 
     async def stop(self) -> None:
         self._stopping = True
+        if self.runner is not None:
+            self.runner.begin_stop()  # every response from now on says Connection: close
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

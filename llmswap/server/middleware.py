@@ -110,6 +110,14 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status < 400:
             raise  # redirects and other non-errors pass as aiohttp built them
         return error_response(request, exc.status, _http_error_message(request, exc), headers=_kept(exc))
+    except web.RequestPayloadError as exc:
+        # The body could not be read as sent (bad chunking, a Content-Encoding it is not in): the client's
+        # fault, and the rest of the connection cannot be trusted to start at a request boundary.
+        log.info("%s %s: unreadable request body from %s: %s", request.method, request.path, request.remote,
+                 payload_error_text(exc))
+        response = error_response(request, 400, f"the request body cannot be read: {payload_error_text(exc)}")
+        response.force_close()
+        return response
     except ConnectionError:
         if _client_gone(request):
             log.debug("%s %s: the client went away before the response was complete",
@@ -118,6 +126,12 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _internal_error(request)
     except Exception:
         return _internal_error(request)
+
+
+def payload_error_text(exc: BaseException) -> str:
+    """aiohttp's parser errors read `400, message:\\n  <why>`; the why alone."""
+    text = getattr(exc, "message", None) or str(exc)
+    return " ".join(str(text).split()) or type(exc).__name__
 
 
 def _internal_error(request: web.Request) -> web.StreamResponse:

@@ -1,8 +1,8 @@
 """Forwarding one HTTP request to an upstream and relaying its answer as it arrives.
 
-Owns the upstream connection pool (one keep-alive `aiohttp.ClientSession` per upstream), `forward` (the
-request out, the response back, byte for byte and unbuffered), what a client sees when the upstream fails
-before or during the answer, and noticing a client that hung up while its request waits or streams.
+Owns `forward` (the request out over the connection pool of `llmswap.server.pool`, the response back, byte
+for byte and unbuffered), what a client sees when the upstream fails before or during the answer, and
+noticing a client that hung up while its request waits or streams.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from typing import Any, TypeVar
 
 import aiohttp
@@ -20,10 +19,9 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 from yarl import URL
 
-from llmswap.config.model import Timeouts
 from llmswap.server.errors import error_body, error_response
 from llmswap.server.inflight import note_relayed
-from llmswap.server.state import STATE, ServerState
+from llmswap.server.pool import Body, SplicedBody, send
 
 log = logging.getLogger("llmswap.proxy")
 
@@ -45,11 +43,12 @@ HOP_BY_HOP = frozenset(
 # Recomputed by aiohttp from the body actually sent; `Expect: 100-continue` is answered by llmswap, which
 # already holds the whole body, so passing it on would only add a round trip.
 _REQUEST_ONLY_LOCAL = frozenset({"content-length", "expect"})
+# aiohttp's server decodes a request body in these encodings before any route reads it: the body that goes
+# on is the decoded one, so the header that described the encoding stays behind.
+DECODED_REQUEST_ENCODINGS = frozenset({"gzip", "deflate", "br", "zstd"})
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first", for the access log
 DISCONNECT_POLL = 0.1  # seconds between checks that the client is still connected
 _ERROR_BODY_LIMIT = 64 * 1024
-
-UPSTREAMS_KEY = "upstreams"  # ServerState.extras key of the pool
 
 SseErrorFormatter = Callable[[int, str], bytes]
 
@@ -57,91 +56,6 @@ SseErrorFormatter = Callable[[int, str], bytes]
 def openai_sse_error(status: int, message: str) -> bytes:
     """An error inside an OpenAI-style event stream: the error envelope as one event, then `[DONE]`."""
     return b"data: " + error_body(status, message) + b"\n\ndata: [DONE]\n\n"
-
-
-# -------------------------------------------------------------------------------- connection pool
-
-
-class UpstreamPool:
-    """One keep-alive `ClientSession` per upstream (a model id, or `peer:<id>`) and transport settings."""
-
-    def __init__(self) -> None:
-        self._sessions: dict[tuple[str, Timeouts], aiohttp.ClientSession] = {}
-        self._closed = False
-
-    def session(self, key: str, timeouts: Timeouts) -> aiohttp.ClientSession:
-        if self._closed:
-            raise RuntimeError("the upstream pool is closed (the server is shutting down)")
-        # Keyed by the timeouts too: a reload that changes them gets a fresh session while requests on the
-        # old one finish undisturbed.
-        session = self._sessions.get((key, timeouts))
-        if session is None or session.closed:
-            session = _new_session(timeouts)
-            self._sessions[(key, timeouts)] = session
-        return session
-
-    def keys(self) -> list[str]:
-        return sorted({key for key, _ in self._sessions})
-
-    async def close(self) -> None:
-        self._closed = True
-        sessions, self._sessions = list(self._sessions.values()), {}
-        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
-
-
-def _new_session(timeouts: Timeouts) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(
-        limit=0,  # the scheduler's concurrencyLimit bounds requests per model, not the pool
-        keepalive_timeout=timeouts.idle_conn or None,
-        enable_cleanup_closed=False,
-    )
-    timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=timeouts.connect or None)
-    return aiohttp.ClientSession(
-        connector=connector,
-        timeout=timeout,
-        # Bytes pass through as the upstream encoded them (its Content-Encoding goes along with them).
-        auto_decompress=False,
-        # A shared session must not carry one client's cookies into another client's request.
-        cookie_jar=aiohttp.DummyCookieJar(),
-        # Send exactly the client's headers: no User-Agent, Accept or Accept-Encoding of aiohttp's own.
-        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-        trust_env=False,
-    )
-
-
-def upstream_pool(app_or_state: web.Application | ServerState) -> UpstreamPool:
-    """The server's pool, created on first use and kept in `state.extras["upstreams"]` (closed on cleanup)."""
-    server_state = app_or_state[STATE] if isinstance(app_or_state, web.Application) else app_or_state
-    return server_state.extra(UPSTREAMS_KEY, UpstreamPool, UpstreamPool)
-
-
-async def close_upstream_pool(app: web.Application) -> None:
-    """`on_cleanup` hook: close every upstream session."""
-    pool = app[STATE].extras.get(UPSTREAMS_KEY)
-    if isinstance(pool, UpstreamPool):
-        await pool.close()
-
-
-# -------------------------------------------------------------------------------- request bodies
-
-
-@dataclass(frozen=True)
-class SplicedBody:
-    """A body made of slices of the client's body and small replacements, sent without joining them into
-    one more copy of a possibly large upload."""
-
-    parts: Sequence[bytes | memoryview] = field(default_factory=tuple)
-
-    @property
-    def size(self) -> int:
-        return sum(len(part) for part in self.parts)
-
-    async def chunks(self) -> AsyncIterator[bytes | memoryview]:
-        for part in self.parts:
-            yield part
-
-
-Body = bytes | bytearray | SplicedBody
 
 
 # -------------------------------------------------------------------------------- forwarding
@@ -173,6 +87,8 @@ def outgoing_headers(
     for name, value in request.headers.items():
         lower = name.lower()
         if lower in HOP_BY_HOP or lower in listed or lower in _REQUEST_ONLY_LOCAL:
+            continue
+        if lower == "content-encoding" and value.strip().lower() in DECODED_REQUEST_ENCODINGS:
             continue
         headers.add(name, value)
     if request.remote:
@@ -242,7 +158,7 @@ async def forward(
         headers[hdrs.CONTENT_LENGTH] = str(body.size)
     url = upstream_url(base_url, path, request.rel_url.raw_query_string if query is None else query)
     try:
-        upstream = await _send(session, request.method, url, headers, body, response_header_timeout)
+        upstream = await send(session, request.method, url, headers, body, response_header_timeout)
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         if isinstance(exc, TimeoutError):
             why = f"no response headers within {response_header_timeout:g}s"
@@ -279,30 +195,6 @@ async def forward(
             upstream.release()
         else:
             upstream.close()
-
-
-async def _send(
-    session: aiohttp.ClientSession,
-    method: str,
-    url: URL,
-    headers: CIMultiDict[str],
-    body: Body | None,
-    header_timeout: float,
-) -> aiohttp.ClientResponse:
-    """Send the request; once more on a fresh connection if a pooled one turns out to be closed.
-
-    An upstream may close an idle keep-alive connection (llama-server after 5 s) just as llmswap reuses
-    it; the request then fails before anything was answered. Go's transport retries that case too."""
-    for attempt in (1, 2):
-        data = body.chunks() if isinstance(body, SplicedBody) else body
-        try:
-            async with asyncio.timeout(header_timeout or None):
-                return await session.request(method, url, headers=headers, data=data, allow_redirects=False)
-        except aiohttp.ServerDisconnectedError:
-            if attempt == 2:
-                raise
-            log.debug("%s %s: the pooled connection was closed by the upstream; retrying once", method, url)
-    raise AssertionError("unreachable")
 
 
 async def _relay_body(

@@ -88,13 +88,17 @@ def _from_body(method: str, content_type: str, body: bytes | bytearray) -> Ident
     if body.lstrip()[:1] == b"{":
         try:
             document = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             document = None
         if isinstance(document, dict):
             return _from_document(document)
     if mime is not None and (mime.type, mime.subtype) == ("application", "x-www-form-urlencoded"):
         return _from_urlencoded(body)
     return Identified("", False, "none")
+
+
+# Python's json module recurses once per level of nesting: a body of 100k `[` exhausts the stack.
+NESTED_TOO_DEEP = "the request body's JSON is nested too deeply to read"
 
 
 def _parse_json(body: bytes | bytearray, content_type: str) -> Any:
@@ -106,6 +110,8 @@ def _parse_json(body: bytes | bytearray, content_type: str) -> Any:
         raise MalformedRequest(
             f"the request body is not valid JSON ({exc}); the Content-Type header says {content_type!r}"
         ) from None
+    except RecursionError:
+        raise MalformedRequest(NESTED_TOO_DEEP) from None
 
 
 def _from_document(document: Any) -> Identified:

@@ -32,6 +32,7 @@ from llmswap.server.inference import ROUTES, BodyTooLarge, read_body, request_pr
 from llmswap.server.inflight import tracker_of
 from llmswap.server.middleware import CLIENT_GONE, note_model, too_large_message
 from llmswap.server.peers import forward_to_peer, peer_headers, resolve_peer
+from llmswap.server.pool import upstream_pool
 from llmswap.server.profiles import active_profile
 from llmswap.server.resolve import MalformedRequest
 from llmswap.server.state import request_api_key, state
@@ -170,7 +171,7 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str)
     """Relay a websocket upgrade to `target` (`query` is the raw query string to send), holding the model
     in flight for as long as the socket is open unless it sets `compat.ignoreWebsockets`."""
     server = state(request)
-    pool = proxy.upstream_pool(server)
+    pool = upstream_pool(server)
     if target.peer is not None:
         note_model(request, f"{target.peer}/{target.model}")
         peer = server.config.peers[target.peer]
@@ -220,7 +221,7 @@ async def _to_model(
 ) -> web.StreamResponse:
     server = state(request)
     key = request_api_key(request)
-    pool = proxy.upstream_pool(server)
+    pool = upstream_pool(server)
     try:
         async with contextlib.AsyncExitStack() as stack:
             waiting = stack.enter_async_context(server.router.acquire(

@@ -126,22 +126,14 @@ async def upload(request: web.Request) -> web.Response:
     if not request.content_type.startswith("multipart/"):
         return error_response(request, 400, "upload the file as multipart/form-data with fields `file` and "
                               "`purpose`", force_json=True)
-    fields: dict[str, str] = {}
-    content: bytes | None = None
-    filename = ""
-    reader = await request.multipart()
-    async for part in reader:
-        if not isinstance(part, aiohttp.BodyPartReader) or part.name is None:
-            continue
-        data = bytearray()
-        while chunk := await part.read_chunk():
-            data += chunk
-            if len(data) > limit:
-                return error_response(request, 413, too_large_message(limit), force_json=True)
-        if part.name == "file":
-            content, filename = bytes(data), part.filename or ""
-        else:
-            fields[part.name] = data.decode("utf-8", errors="replace")
+    try:
+        form = await _read_form(request, limit)
+    except _FormTooLarge:
+        return error_response(request, 413, too_large_message(limit), force_json=True)
+    except ValueError as exc:  # aiohttp's multipart reader: no boundary, a wrong one, a broken part
+        return error_response(request, 400, f"the multipart/form-data body cannot be read ({exc}); upload "
+                              "the file with fields `file` and `purpose`", force_json=True)
+    fields, content, filename = form
     if content is None:
         return error_response(request, 400, "the form has no `file` field", force_json=True)
     problem = filename_problem(filename)
@@ -150,6 +142,34 @@ async def upload(request: web.Request) -> web.Response:
     stored = await asyncio.to_thread(service.batches.upload, filename, fields.get("purpose", ""), content,
                                      _owner(request))
     return web.json_response(stored.as_openai())
+
+
+class _FormTooLarge(Exception):
+    pass
+
+
+async def _read_form(request: web.Request, limit: int) -> tuple[dict[str, str], bytes | None, str]:
+    """(text fields, the `file` field's bytes, its filename), refusing more than `limit` bytes in all the
+    fields together, counted as they arrive (a chunked upload has no Content-Length to check first)."""
+    fields: dict[str, str] = {}
+    content: bytes | None = None
+    filename = ""
+    total = 0
+    reader = await request.multipart()
+    async for part in reader:
+        if not isinstance(part, aiohttp.BodyPartReader) or part.name is None:
+            continue
+        data = bytearray()
+        while chunk := await part.read_chunk():
+            data += chunk
+            total += len(chunk)
+            if total > limit:
+                raise _FormTooLarge
+        if part.name == "file":
+            content, filename = bytes(data), part.filename or ""
+        else:
+            fields[part.name] = data.decode("utf-8", errors="replace")
+    return fields, content, filename
 
 
 @_refusals
@@ -200,7 +220,7 @@ async def create_batch(request: web.Request) -> web.Response:
     service = _service(request)
     try:
         body = await request.json()
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deeply
         return error_response(request, 400, "body must be JSON: {\"input_file_id\", \"endpoint\", "
                               "\"completion_window\"}", force_json=True)
     if not isinstance(body, dict):

@@ -18,6 +18,7 @@ from llmswap.tasks.service import TaskService, UnknownTaskType, row_json
 
 TASKS_KEY = "tasks"  # ServerState.extras key of the server's TaskService (made by the app at startup)
 MAX_LIST = 1000
+MAX_TASK_ID = 2**63 - 1  # SQLite's largest integer
 
 
 def setup(app: web.Application) -> None:
@@ -52,7 +53,7 @@ async def submit(request: web.Request) -> web.Response:
         return _not_configured(request)
     try:
         body = await request.json()
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deeply
         return error_response(
             request, 400, 'body must be JSON: {"type": ..., "job_id"?: int, "params": {...}}'
         )
@@ -79,7 +80,8 @@ async def show(request: web.Request) -> web.Response:
     service = _service(request)
     if service is None:
         return _not_configured(request)
-    row = get_task(service.db, int(request.match_info["task_id"]))
+    task_id = int(request.match_info["task_id"])
+    row = get_task(service.db, task_id) if task_id <= MAX_TASK_ID else None
     if row is None:
         return error_response(request, 404, f"no task {request.match_info['task_id']}")
     return web.json_response(row_json(row))
@@ -108,6 +110,8 @@ async def cancel(request: web.Request) -> web.Response:
     if service is None:
         return _not_configured(request)
     task_id = int(request.match_info["task_id"])
+    if task_id > MAX_TASK_ID:  # beyond SQLite's integers: no such task (sqlite3 would raise OverflowError)
+        return error_response(request, 404, f"no task {task_id}")
     if service.cancel(task_id):
         row = get_task(service.db, task_id)
         return web.json_response(row_json(row) if row is not None else {"id": task_id})

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
+import resource
 import signal
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -92,11 +94,17 @@ def alive(pid: int) -> bool:
 
 @contextlib.asynccontextmanager
 async def running_llmswap(
-    config: Path | None, *args: str, port: int | None = None, healthy: bool = True, within: float = WITHIN
+    config: Path | None,
+    *args: str,
+    port: int | None = None,
+    healthy: bool = True,
+    within: float = WITHIN,
+    open_files: tuple[int, int] | None = None,
 ) -> AsyncIterator[LlmswapProcess]:
     """Start llmswap on `config` (extra CLI `args`), wait for /health unless `healthy` is False, and kill
     it and its upstreams when the block ends, whatever happened. With `config` None, `args` are the whole
-    command line and must listen on `port`."""
+    command line and must listen on `port`. `open_files`: the (soft, hard) RLIMIT_NOFILE llmswap starts
+    with (a hard limit of -1 keeps the current one)."""
     port = free_port() if port is None else port
     where = () if config is None else ("--config", str(config), "--listen", f"{HOST}:{port}")
     process = await asyncio.create_subprocess_exec(
@@ -106,6 +114,7 @@ async def running_llmswap(
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=None if open_files is None else functools.partial(_limit_open_files, *open_files),
     )
     server = LlmswapProcess(process, port)
     try:
@@ -114,6 +123,11 @@ async def running_llmswap(
         yield server
     finally:
         await server.kill()
+
+
+def _limit_open_files(soft: int, hard: int) -> None:  # runs in the child, before exec
+    current_hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, current_hard if hard < 0 else hard))
 
 
 async def stop_with(server: LlmswapProcess, signum: int = signal.SIGTERM, within: float = WITHIN) -> int:

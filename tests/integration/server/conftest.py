@@ -23,6 +23,7 @@ from aiohttp import web
 from llmswap.config.model import Config
 from llmswap.router import BaseRouter, ProcessFactory, build_router
 from llmswap.server.app import create_app
+from llmswap.server.connections import Runner
 from llmswap.server.state import ServerState
 from tests.helpers.wait import eventually
 
@@ -89,7 +90,8 @@ async def serving(
             if maybe is not None:
                 await maybe
         app = create_app(server_state)
-        runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_GRACE, handle_signals=False)
+        runner = Runner(app, header_timeout=lambda: server_state.config.client_header_timeout,
+                        shutdown_timeout=SHUTDOWN_GRACE)
         await runner.setup()
         site = web.TCPSite(runner, HOST, 0)
         await site.start()

@@ -348,3 +348,15 @@ def test_out_of_scope_llama_swap_keys_are_silent_and_unknown_keys_warn() -> None
 
 def test_unknown_macro_in_an_ignored_section_is_not_an_error() -> None:
     assert load("ui:\n  p: ['${nothing}']\n").warnings == ()
+
+
+def test_client_header_timeout_is_positive_seconds() -> None:
+    assert load("").client_header_timeout == 60
+    assert load("clientHeaderTimeout: 2.5\n").client_header_timeout == 2.5
+    assert one_error("clientHeaderTimeout: 0\n") == (
+        "config.yaml:1: clientHeaderTimeout: must be a positive number of seconds (how long a client may "
+        "take to send a request's headers), got 0"
+    )
+    assert one_error("clientHeaderTimeout: soon\n") == (
+        'config.yaml:1: clientHeaderTimeout: must be a number of seconds, got "soon"'
+    )
