@@ -106,6 +106,7 @@ class Simulation:
         self.states: dict[str, ProcessState] = {m: ProcessState.STOPPED for m in models}
         self._loading: dict[str, _Loading] = {}
         self._clients: dict[HandlerRequest, _Client] = {}
+        self._factors: dict[HandlerRequest, float] = {}  # each request's service time factor
         self._armed: float | None = None
         self._arm_token = 0
         self.result = SimResult()
@@ -141,6 +142,9 @@ class Simulation:
                              api_key=api_key)
         outcome = Outcome(req)
         self.result.outcomes.append(outcome)
+        # Drawn at arrival, not at grant: the same request then takes the same time under every
+        # scheduler (common random numbers), so their numbers differ by their decisions alone.
+        self._factors[req] = self._rng.uniform(-1.0, 1.0)
         self._clients[req] = _Client(outcome, on_done)
         self._deliver(lambda: self.scheduler.on_request(req))
         return outcome
@@ -211,7 +215,7 @@ class Simulation:
         client = self._clients[req]
         client.outcome.granted = self.now
         times = self.models[model]
-        service = times.service * self._rng.uniform(1 - times.spread, 1 + times.spread)
+        service = times.service * (1 + times.spread * self._factors.pop(req, 0.0))
         self.after(service, lambda: self._served(req, model))
         return True
 

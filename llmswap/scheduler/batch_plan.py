@@ -34,10 +34,13 @@ class Contender:
     model_priority: int
     request_priority: int  # the highest among its queued requests
     slot: float  # seconds it holds the machine once it goes: load + minimum residency + one service
+    # Seconds it may be deferred for the loaded models (maxWait scaled by whether holding them pays,
+    # `llmswap.scheduler.arrivals`); None: the full maxWait.
+    budget: float | None = None
 
 
 def deadline(c: Contender, max_wait: float) -> float:
-    return c.oldest + max_wait
+    return c.oldest + (max_wait if c.budget is None else min(c.budget, max_wait))
 
 
 def deadline_key(c: Contender, max_wait: float) -> tuple[float, int, int, float, str]:
