@@ -92,6 +92,7 @@ class ModelConfig:
     vram: int | None = None  # llmswap: declared memory footprint in bytes (YAML `vram: 6.5GB`)
     gpus: tuple[int, ...] | None = None  # llmswap: pinned devices (YAML `gpus`, else CUDA_VISIBLE_DEVICES)
     persistent: bool = False  # llmswap: the vram router never evicts it (groups have their own flag)
+    deadline_ms: float = 0.0  # llmswap: default X-Deadline-Ms of its requests (0 = none)
     line: int = 0  # line of `models.<id>` in the config file, for messages
 
 
@@ -164,12 +165,18 @@ class AdmissionConfig:
     queue_timeout: float = 0.0  # seconds; 0 = wait as long as it takes
 
 
+PRIORITIZERS = ("fcfs", "edf", "lrs")  # routing.scheduler.settings.prioritizer
+ON_DEADLINE = ("ignore", "reject")  # routing.scheduler.settings.onDeadline
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     use: str = "fifo"  # fifo | batch
     priority: Mapping[str, int] = _no_entries()  # fifo.priority: real model id -> priority (higher first)
     batch: BatchSettings = field(default_factory=BatchSettings)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    prioritizer: str = "fcfs"  # settings.prioritizer: fcfs | edf | lrs, within a priority class
+    on_deadline: str = "ignore"  # settings.onDeadline: ignore (count only) | reject (503 before serving)
 
 
 @dataclass(frozen=True)
@@ -185,6 +192,7 @@ class ApiKey:
     key: str
     priority: int = 0
     max_concurrent: int = 0  # 0 = unlimited
+    deadline_ms: float = 0.0  # default X-Deadline-Ms of its requests (0 = none; before the model's)
 
 
 @dataclass(frozen=True)

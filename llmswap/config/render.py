@@ -121,6 +121,7 @@ def _model(model: ModelConfig) -> dict[str, Any]:
             "capabilities": _capabilities(model.capabilities),
             "vram": model.vram,
             "persistent": model.persistent,
+            "deadlineMs": _number(model.deadline_ms) if model.deadline_ms else None,
         }
     )
     if model.gpus is not None:  # an empty list means "no GPU", so it is shown
@@ -177,6 +178,8 @@ def _scheduler(scheduler: SchedulerConfig) -> dict[str, Any]:
                 "minResidency": _number(batch.min_residency),
                 "priority": dict(batch.priority),
             },
+            "prioritizer": scheduler.prioritizer,
+            "onDeadline": scheduler.on_deadline,
         },
         "admission": {
             "maxQueue": admission.max_queue,
@@ -216,7 +219,8 @@ def format_config(config: Config) -> str:
         "maxRequestBodySize": config.max_request_body,
         "stateDir": str(config.state_dir) if config.state_dir is not None else None,
         "apiKeys": [
-            {"key": _redact(key.key), "priority": key.priority, "maxConcurrent": key.max_concurrent}
+            {"key": _redact(key.key), "priority": key.priority, "maxConcurrent": key.max_concurrent,
+             **({"deadlineMs": _number(key.deadline_ms)} if key.deadline_ms else {})}
             for key in config.api_keys
         ],
         "upstream": {"ignorePaths": list(config.upstream_ignore_paths)},

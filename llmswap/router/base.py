@@ -306,6 +306,7 @@ class BaseRouter(Effects):
         api_key: str | None = None,
         on_admitted: Callable[[ProcessState], None] | None = None,
         on_position: Callable[[int], None] | None = None,
+        deadline_ms: float | None = None,
     ) -> AsyncIterator[ProcessLike]:
         """Wait until `model` may serve, yield its process, and report the end of the request.
 
@@ -314,7 +315,8 @@ class BaseRouter(Effects):
         """
         if self._handover_out is not None:
             async with self._handover_out.new.acquire(
-                model, priority=priority, api_key=api_key, on_admitted=on_admitted, on_position=on_position
+                model, priority=priority, api_key=api_key, on_admitted=on_admitted, on_position=on_position,
+                deadline_ms=deadline_ms,
             ) as process:
                 yield process
             return
@@ -322,9 +324,11 @@ class BaseRouter(Effects):
             raise ShuttingDown(f"{self.name} is shutting down")
         loop = asyncio.get_running_loop()
         waiter = Waiter(loop.create_future(), loop.create_future(), on_position)
+        arrived = self.clock()
         req = HandlerRequest(
-            model=model, seq=next(self._seq), arrived=self.clock(), priority=priority,
+            model=model, seq=next(self._seq), arrived=arrived, priority=priority,
             api_key=api_key, handle=waiter,
+            deadline=arrived + deadline_ms / 1000 if deadline_ms else None,
         )
         self._events.put_nowait(_Request(req))
         admitted_told = False
@@ -351,6 +355,7 @@ class BaseRouter(Effects):
             async with self._handover_out.new.acquire(
                 model, priority=priority, api_key=api_key,
                 on_admitted=None if admitted_told else on_admitted, on_position=on_position,
+                deadline_ms=deadline_ms,
             ) as process:
                 yield process
             return

@@ -66,6 +66,7 @@ from llmswap.scheduler.batch_plan import (
 from llmswap.scheduler.core import QueueScheduler
 from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.idle import ClientGaps
+from llmswap.scheduler.prioritizers import Prioritizer
 from llmswap.scheduler.types import Clock, Effects, HandlerRequest, Swapper
 
 RULE_FREE = "batch.free"  # nothing had to stop for the model: loaded at once
@@ -96,12 +97,15 @@ class BatchScheduler(QueueScheduler):
         key_limits: Mapping[str, int] = EMPTY,
         times: ServiceTimes | None = None,
         rates: ArrivalRates | None = None,
+        prioritizer: Prioritizer | None = None,
+        on_deadline: str = "ignore",
     ) -> None:
         self.settings = settings or BatchSettings()
         super().__init__(
             name, swapper, effects, limits=limits, priority=self.settings.priority, clock=clock,
             logger=logger,
-            admission=admission, key_limits=key_limits, times=times,
+            admission=admission, key_limits=key_limits, times=times, prioritizer=prioritizer,
+            on_deadline=on_deadline,
         )
         self.gaps = ClientGaps()
         self.rates = rates or ArrivalRates()
@@ -113,10 +117,12 @@ class BatchScheduler(QueueScheduler):
     # ----------------------------------------------------------------------------- policy hooks
 
     def _accept(self, req: HandlerRequest) -> None:
+        self._reorder()  # issue 16: lrs keys move with time
         bisect.insort(self._queue, req, key=self._queue_key)
         self._drain()
 
     def _drain(self) -> None:
+        self._reorder()  # issue 16: lrs keys move with time
         for _ in range(_MAX_ROUNDS):
             moved = self._serve_round()
             changed = self._plan()
@@ -202,7 +208,7 @@ class BatchScheduler(QueueScheduler):
         started = False
         if contenders:
             max_wait = self.settings.max_wait
-            ordered = by_deadline(list(contenders.values()), max_wait)
+            ordered = by_deadline(list(contenders.values()), max_wait, now)
             head = ordered[0]
             evictions = self._evictions(head.model)
             # None: the swapper says it can never run; the serve round answers such requests first.
@@ -296,18 +302,28 @@ class BatchScheduler(QueueScheduler):
         groups: dict[str, list[HandlerRequest]] = {}
         for req in self._queue:
             groups.setdefault(req.model, []).append(req)
-        return {
-            model: Contender(
-                model=model,
-                depth=len(reqs),
-                oldest=min(r.arrived for r in reqs),
-                model_priority=self._priority.get(model, 0),
-                request_priority=max(r.priority for r in reqs),
-                slot=self._slot(model),
-                budget=self._budget(model),
-            )
-            for model, reqs in groups.items()
-        }
+        return {model: self._contender(model, reqs) for model, reqs in groups.items()}
+
+    def _contender(self, model: str, reqs: list[HandlerRequest]) -> Contender:
+        top = max(r.priority for r in reqs)
+        now = self._clock()
+        within = min(self._prioritizer.key(r, now, self._remaining) for r in reqs if r.priority == top)
+        due = None
+        if self._prioritizer.name != "fcfs":  # under fcfs request deadlines only count when missed
+            work = self.times.load(model) + self.times.service(model)
+            dues = [r.deadline - work for r in reqs if r.deadline is not None]
+            due = min(dues) if dues else None
+        return Contender(
+            model=model,
+            depth=len(reqs),
+            oldest=min(r.arrived for r in reqs),
+            model_priority=self._priority.get(model, 0),
+            request_priority=top,
+            slot=self._slot(model),
+            budget=self._budget(model),
+            due=due,
+            within=within,
+        )
 
     def _budget(self, model: str) -> float:
         """How long `model`'s requests may be deferred for the models it would evict: maxWait, scaled

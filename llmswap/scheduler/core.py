@@ -29,6 +29,7 @@ from llmswap.config.model import DEFAULT_CONCURRENCY_LIMIT, EMPTY, AdmissionConf
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.admission import (
     REASON_CONCURRENCY,
+    REASON_DEADLINE,
     REASON_GLOBAL_QUEUE,
     REASON_KEY,
     REASON_MODEL_QUEUE,
@@ -37,6 +38,7 @@ from llmswap.scheduler.admission import (
     Admission,
     SchedulerStats,
 )
+from llmswap.scheduler.deadlines import Deadlines
 from llmswap.scheduler.errors import (
     ConcurrencyLimit,
     ModelNotFound,
@@ -47,6 +49,7 @@ from llmswap.scheduler.errors import (
     Shed,
 )
 from llmswap.scheduler.estimates import ServiceTimes, retry_after
+from llmswap.scheduler.prioritizers import Prioritizer, next_late
 from llmswap.scheduler.types import (
     Clock,
     Effects,
@@ -103,6 +106,8 @@ class QueueScheduler(ABC):
         admission: AdmissionConfig | None = None,
         key_limits: Mapping[str, int] = EMPTY,
         times: ServiceTimes | None = None,
+        prioritizer: Prioritizer | None = None,
+        on_deadline: str = "ignore",
     ) -> None:
         self.name = name
         self._swapper = swapper
@@ -114,6 +119,8 @@ class QueueScheduler(ABC):
         self._admission = Admission(admission, key_limits)
         self.times = times or ServiceTimes()
         self.stats = SchedulerStats()
+        self._prioritizer = prioritizer or Prioritizer()  # issue 16: order within a priority class
+        self._deadlines = Deadlines(on_deadline)
 
         self._active: dict[str, ActiveSwap] = {}
         self._queue: list[HandlerRequest] = []  # sorted by _queue_key
@@ -200,6 +207,8 @@ class QueueScheduler(ABC):
             return
         if victim is not None:
             self._shed(victim, req)
+        if self._late_rejected([req]):
+            return
         self._accept(req)
 
     def on_cancel(self, req: HandlerRequest) -> None:
@@ -298,10 +307,13 @@ class QueueScheduler(ABC):
             ))
         if expired:
             self._after_removal()
+        if self._late_rejected(list(self._waiters())):
+            self._after_removal()
         self._drain()
 
     def next_deadline(self) -> float | None:
-        times = [t for t in (self._admission.next_timeout(self._waiters()), self._policy_deadline())
+        late = next_late([r for r in self._waiters() if not self._deadlines.counted(r)], self._remaining)
+        times = [t for t in (self._admission.next_timeout(self._waiters()), self._policy_deadline(), late)
                  if t is not None]
         return min(times) if times else None
 
@@ -515,8 +527,33 @@ class QueueScheduler(ABC):
         limit = self._limits.get(model, DEFAULT_CONCURRENCY_LIMIT)
         return limit if limit > 0 else DEFAULT_CONCURRENCY_LIMIT
 
-    def _queue_key(self, req: HandlerRequest) -> tuple[int, int, int]:
-        return (-self._priority.get(req.model, 0), -req.priority, req.seq)
+    def _queue_key(self, req: HandlerRequest) -> tuple[int, int, float, int]:
+        within = self._prioritizer.key(req, self._clock(), self._remaining)
+        return (-self._priority.get(req.model, 0), -req.priority, within, req.seq)
+
+    # ----------------------------------------------------------------------------- deadlines (issue 16)
+
+    def _reorder(self) -> None:
+        """Re-sort the queue when the prioritizer's keys move with time (lrs); a no-op otherwise."""
+        if self._prioritizer.dynamic:
+            self._queue.sort(key=self._queue_key)
+
+    def _remaining(self, req: HandlerRequest) -> float:
+        """Seconds of work still ahead of waiting `req`: its model's load if it must load, one service."""
+        load = self._load_remaining(req.model) if self._would_wait(req.model) else 0.0
+        return load + self.times.service(req.model)
+
+    def _late_rejected(self, requests: list[HandlerRequest]) -> bool:
+        """Report the newly late among `requests`; answer them 503 under onDeadline reject (True if any)."""
+        rejected = False
+        for req, err in self._deadlines.check(requests, self._clock(), self._remaining, self.stats,
+                                              self._log, self.name):
+            if err is not None:
+                self._remove_waiter(req)
+                self.stats.count(REASON_DEADLINE)
+                self._fail(req, err)
+                rejected = True
+        return rejected
 
     def _grant(self, req: HandlerRequest, model: str) -> None:
         if self._effects.grant_serve(req, model):
@@ -536,6 +573,7 @@ class QueueScheduler(ABC):
             self._key_reserved[req.api_key] = self._key_reserved.get(req.api_key, 0) + 1
 
     def _release(self, req: HandlerRequest) -> None:
+        self._deadlines.forget(req)
         _decrement(self._reserved, req.model, self.name)
         if req.api_key is not None and req.api_key in self._key_reserved:
             _decrement(self._key_reserved, req.api_key, self.name)

@@ -58,6 +58,13 @@ class Shed(SchedulerError):
     code = "shed"
 
 
+class DeadlineMissed(SchedulerError):
+    """The request can no longer be served by its deadline (`onDeadline: reject`)."""
+
+    status = 503
+    code = "deadline_missed"
+
+
 class SwapFailed(SchedulerError):
     """Starting the model failed (spawn error, premature exit, health-check timeout, ...)."""
 

@@ -39,6 +39,7 @@ class FifoScheduler(QueueScheduler):
 
     def _accept(self, req: HandlerRequest) -> None:
         if not self._place(req, RULE_REQUEST):
+            self._reorder()  # issue 16: lrs keys move with time
             bisect.insort(self._queue, req, key=self._queue_key)
             self._publish_positions()
             self._abort_unwanted_swaps()
@@ -47,6 +48,7 @@ class FifoScheduler(QueueScheduler):
         """One pass over the queue, in order; swaps started here are seen by the requests after."""
         if not self._queue:
             return
+        self._reorder()  # issue 16: lrs keys move with time
         remaining = [req for req in self._queue if not self._place(req, RULE_DRAIN)]
         self._queue = remaining
         self._publish_positions()

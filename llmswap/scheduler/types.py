@@ -28,6 +28,7 @@ class HandlerRequest:
     arrived: float  # scheduler clock reading at arrival
     priority: int = 0  # per-request priority (X-Priority header or the API key's default)
     api_key: str | None = None  # identity for per-key limits; never logged
+    deadline: float | None = None  # scheduler clock reading by which it should be served (X-Deadline-Ms...)
     handle: Any = None  # the router's waiter; schedulers never touch it
 
 

@@ -9,6 +9,7 @@ whole request runs under `proxy.while_connected`: a client that hangs up while q
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from llmswap.server.resolve import Identified, MalformedRequest, encode_form_val
 from llmswap.server.state import ServerState, request_api_key, state
 
 PRIORITY_HEADER = "X-Priority"
+DEADLINE_HEADER = "X-Deadline-Ms"  # milliseconds after arrival by which the request should be served
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,24 @@ def request_priority(request: web.Request) -> int:
     return key.priority if key is not None else 0
 
 
+def request_deadline_ms(request: web.Request) -> float | None:
+    """`X-Deadline-Ms` when the client sent one, else its API key's `deadlineMs`; None for neither
+    (the model's `deadlineMs` applies then)."""
+    header = request.headers.get(DEADLINE_HEADER, "").strip()
+    if header:
+        try:
+            value = float(header)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value <= 0:
+            raise MalformedRequest(
+                f"{DEADLINE_HEADER} must be a positive number of milliseconds after arrival, got {header!r}"
+            )
+        return value
+    key = request_api_key(request)
+    return key.deadline_ms if key is not None and key.deadline_ms > 0 else None
+
+
 @dataclass(frozen=True)
 class Incoming:
     """One request as read: the route it came by, its body and what the body names."""
@@ -156,6 +176,7 @@ class Incoming:
     raw: bytearray
     priority: int
     dialect: StreamDialect
+    deadline_ms: float | None = None  # header or API key; the model's default is applied when served
 
 
 async def serve(request: web.Request, route: InferenceRoute) -> web.StreamResponse:
@@ -171,11 +192,12 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
     try:
         found = identify(request.method, request.headers.get(hdrs.CONTENT_TYPE, ""), raw, request.query)
         priority = request_priority(request)
+        deadline_ms = request_deadline_ms(request)
     except MalformedRequest as exc:
         return error_response(request, 400, exc.message)
     if not found.model:
         return error_response(request, 404, "no model id could be identified")
-    incoming = Incoming(route, found, raw, priority, dialect_for(route.path))
+    incoming = Incoming(route, found, raw, priority, dialect_for(route.path), deadline_ms)
     try:
         real = config.real_model_name(found.model)
         if real is not None:
@@ -216,6 +238,7 @@ async def _serve_local(
         async with router.acquire(
             model.id,
             priority=incoming.priority,
+            deadline_ms=incoming.deadline_ms or model.deadline_ms or None,
             api_key=key.key if key is not None else None,
             on_admitted=on_admitted,
             on_position=on_position,

@@ -173,6 +173,11 @@ class ServerMetrics:
                 _add(rejected, getattr(scheduler_stats, "rejected", {}))
         return swaps, evictions, failures, rejected
 
+    def deadline_misses(self) -> int:
+        """Waiting requests that could no longer meet their deadline, over every router seen."""
+        return sum(getattr(scheduler_stats, "deadline_missed", 0)
+                   for _, scheduler_stats in self._routers_seen if scheduler_stats is not None)
+
     def memory_reader(self) -> MemoryReader | None:
         """The vram router's own reader when it has one, else one opened here on first use."""
         router_reader = getattr(self.state.router, "reader", None)
@@ -243,6 +248,9 @@ class RouterCollector:
                                   failures)
         yield _counter("llmswap_rejections", "Requests refused or dropped by admission control", "reason",
                        rejected)
+        yield CounterMetricFamily("llmswap_deadline_misses",
+                                  "Waiting requests that could no longer meet their deadline (X-Deadline-Ms)",
+                                  self.metrics.deadline_misses())
 
         sockets = GaugeMetricFamily("llmswap_websockets_open", "Websockets being relayed to a model",
                                     labels=("model",))
