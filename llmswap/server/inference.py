@@ -21,7 +21,7 @@ from llmswap.config.model import ModelConfig, PeerConfig
 from llmswap.process.state import ProcessState
 from llmswap.router import BaseRouter
 from llmswap.scheduler.errors import SchedulerError
-from llmswap.server import middleware
+from llmswap.server import guardrails, middleware
 from llmswap.server.errors import error_response, scheduler_error_response
 from llmswap.server.filters import FilterPlan, apply_plan, plan_for
 from llmswap.server.loading import LoadingFeedback, StreamDialect, dialect_for
@@ -99,6 +99,7 @@ def setup(app: web.Application) -> None:
     for route in ROUTES:
         app.router.add_route(route.method, route.path, _handler(route))
     app.on_cleanup.append(close_upstream_pool)
+    app[guardrails.REPORTED] = {}
 
 
 def _handler(route: InferenceRoute) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -232,6 +233,9 @@ async def _serve_local(
             feedback = LoadingFeedback(request, model.id, found.model, incoming.dialect, position=position)
             feedback.start()
 
+    refusal = guardrails.over_context(request.app, model, found.document)
+    if refusal is not None:  # issue 16: refused before it waits, and no model is loaded for it
+        return error_response(request, 400, refusal, code="context_length_exceeded", param="messages")
     key = request_api_key(request)
     asked = time.monotonic()
     try:
@@ -246,11 +250,13 @@ async def _serve_local(
             middleware.note_wait(request, time.monotonic() - asked)
             loading_response = await feedback.finish() if feedback is not None else None
             upstream = process.config
+            session = upstream_pool(server).session(upstream.id, upstream.timeouts)
+            await guardrails.learn_reported_context(request.app, upstream, session)
             return await forward(
                 request,
                 base_url=upstream.proxy,
                 path=incoming.route.upstream_path,
-                session=upstream_pool(server).session(upstream.id, upstream.timeouts),
+                session=session,
                 body=body,
                 response=loading_response,
                 response_header_timeout=upstream.timeouts.response_header,
