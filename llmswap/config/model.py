@@ -42,6 +42,8 @@ class Timeouts:
     tls_handshake: float = 10.0
     expect_continue: float = 1.0
     idle_conn: float = 90.0
+    wall: float = 0.0  # llmswap: the watchdog's bound on a whole answer, from the grant (0 = none)
+    idle: float = 0.0  # llmswap: the watchdog's bound on a gap between the upstream's bytes (0 = none)
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,8 @@ def _timeouts(timeouts: Timeouts) -> dict[str, Any]:
         "tlsHandshake": _number(timeouts.tls_handshake),
         "expectContinue": _number(timeouts.expect_continue),
         "idleConn": _number(timeouts.idle_conn),
+        "wall": _number(timeouts.wall),
+        "idle": _number(timeouts.idle),
     }
 
 

@@ -37,6 +37,7 @@ from llmswap.server.proxy import (
 )
 from llmswap.server.resolve import Identified, MalformedRequest, encode_form_value, identify
 from llmswap.server.state import ServerState, request_api_key, state
+from llmswap.server.watchdog import Watchdog
 
 PRIORITY_HEADER = "X-Priority"
 DEADLINE_HEADER = "X-Deadline-Ms"  # milliseconds after arrival by which the request should be served
@@ -261,6 +262,7 @@ async def _serve_local(
                 response=loading_response,
                 response_header_timeout=upstream.timeouts.response_header,
                 sse_error=incoming.dialect.error,
+                watchdog=Watchdog.of(f"models.{upstream.id}.timeouts", upstream.timeouts),
             )
     except SchedulerError as err:
         if feedback is not None:

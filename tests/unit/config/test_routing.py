@@ -416,3 +416,13 @@ routing:
         'config.yaml:9: routing.scheduler.settings.onDeadline: unknown onDeadline "drop" (valid: ignore, '
         'reject)',
     ]
+
+
+def test_watchdog_timeouts_are_read_and_validated() -> None:
+    config = load('models:\n  a:\n    cmd: "srv --port ${PORT}"\n    timeouts: {wall: 600, idle: 30}\n')
+    timeouts = config.models["a"].timeouts
+    assert (timeouts.wall, timeouts.idle) == (600, 30)
+    assert load(MODELS).models["a"].timeouts.wall == 0
+    assert one_error('models:\n  a:\n    cmd: "srv --port ${PORT}"\n    timeouts: {idle: -1}\n') == (
+        "config.yaml:4: models.a.timeouts.idle: must be >= 0, got -1; accepted: 0 (no limit) or seconds"
+    )
