@@ -82,6 +82,7 @@ class Waiter:
     on_position: Callable[[int], None] | None = None
     position: int = 0
     gone: bool = False  # the client left; grants must fail
+    load: float = 0.0  # seconds of its wait its model spent loading (for the access log)
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,7 @@ class BaseRouter(Effects):
         self._closing = False
         self._processed = 0  # events fully handled; tests wait on it instead of sleeping
         self._idle = asyncio.Event()
+        self._loads: dict[str, tuple[float, float]] = {}  # each model's last successful load: (start, ready)
         self._serving: dict[str, int] = {}  # granted requests whose response has not ended, per model
         # Config reload: the handover this router took over from (its predecessor still winding down),
         # and the one that retired it. See llmswap.router.handover.
@@ -307,6 +309,7 @@ class BaseRouter(Effects):
         on_admitted: Callable[[ProcessState], None] | None = None,
         on_position: Callable[[int], None] | None = None,
         deadline_ms: float | None = None,
+        on_granted: Callable[[float], None] | None = None,
     ) -> AsyncIterator[ProcessLike]:
         """Wait until `model` may serve, yield its process, and report the end of the request.
 
@@ -316,7 +319,7 @@ class BaseRouter(Effects):
         if self._handover_out is not None:
             async with self._handover_out.new.acquire(
                 model, priority=priority, api_key=api_key, on_admitted=on_admitted, on_position=on_position,
-                deadline_ms=deadline_ms,
+                deadline_ms=deadline_ms, on_granted=on_granted,
             ) as process:
                 yield process
             return
@@ -355,11 +358,13 @@ class BaseRouter(Effects):
             async with self._handover_out.new.acquire(
                 model, priority=priority, api_key=api_key,
                 on_admitted=None if admitted_told else on_admitted, on_position=on_position,
-                deadline_ms=deadline_ms,
+                deadline_ms=deadline_ms, on_granted=on_granted,
             ) as process:
                 yield process
             return
         process = self.processes[granted_model]
+        if on_granted is not None:
+            on_granted(waiter.load)  # seconds of the wait spent on its model's load
         try:
             with process.track_request():
                 yield process
@@ -536,6 +541,9 @@ class BaseRouter(Effects):
         if not waiter.admitted.done():
             waiter.admitted.set_result(None)
         waiter.granted.set_result(model)
+        load = self._loads.get(model)
+        if load is not None and load[1] >= req.arrived:  # its model finished loading while it waited
+            waiter.load = load[1] - max(load[0], req.arrived)
         # Counted from the grant, not from when the handler resumes: a successor must never see this
         # model as free in between.
         self._serving[model] = self._serving.get(model, 0) + 1
@@ -624,6 +632,9 @@ class BaseRouter(Effects):
             return
         if ev.error is not None:
             self.stats.swap_failures += 1
+        else:
+            ready = self.clock()
+            self._loads[ev.model] = (ready - ev.duration, ready)
         self._notify(SwapFinished(swap.plan, ev.error, ev.duration))
         self._handover_progress()
 

@@ -247,6 +247,7 @@ async def _serve_local(
             api_key=key.key if key is not None else None,
             on_admitted=on_admitted,
             on_position=on_position,
+            on_granted=lambda load: middleware.note_load(request, load),
         ) as process:
             middleware.note_wait(request, time.monotonic() - asked)
             loading_response = await feedback.finish() if feedback is not None else None
