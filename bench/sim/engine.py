@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llmswap.process.state import ProcessState
-from llmswap.scheduler.errors import SchedulerError, SwapFailed
+from llmswap.scheduler.errors import Preempted, SchedulerError, SwapFailed
 from llmswap.scheduler.types import (
     HandlerRequest,
     Scheduler,
@@ -107,6 +107,7 @@ class Simulation:
         self._loading: dict[str, _Loading] = {}
         self._clients: dict[HandlerRequest, _Client] = {}
         self._factors: dict[HandlerRequest, float] = {}  # each request's service time factor
+        self._preempted: set[HandlerRequest] = set()  # ended early: their service completion is void
         self._armed: float | None = None
         self._arm_token = 0
         self.result = SimResult()
@@ -220,6 +221,10 @@ class Simulation:
         return True
 
     def _served(self, req: HandlerRequest, model: str) -> None:
+        if req in self._preempted:
+            self._preempted.discard(req)
+            self._clients.pop(req, None)
+            return  # its ServeDone went out when it was preempted
         client = self._clients.pop(req)
         client.outcome.finished = self.now
         self.result.end = max(self.result.end, self.now - self._start)
@@ -233,6 +238,17 @@ class Simulation:
         if client.on_done is not None:
             on_done, outcome = client.on_done, client.outcome
             self.after(0.0, lambda: on_done(outcome))
+
+    def preempt(self, req: HandlerRequest, message: str) -> None:
+        """The request's answer ends now: its client gets `Preempted`, the scheduler its ServeDone."""
+        client = self._clients.get(req)
+        if client is None or client.outcome.finished is not None:
+            return
+        client.outcome.error = Preempted(message)
+        client.outcome.finished = self.now
+        self._preempted.add(req)
+        model = req.model
+        self.after(0.0, lambda: self._deliver(lambda: self.scheduler.on_serve_done(ServeDone(model, req))))
 
     def stop_processes(self, models: Sequence[str], timeout: float | None) -> None:
         for model in models:

@@ -179,6 +179,7 @@ class SchedulerConfig:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     prioritizer: str = "fcfs"  # settings.prioritizer: fcfs | edf | lrs, within a priority class
     on_deadline: str = "ignore"  # settings.onDeadline: ignore (count only) | reject (503 before serving)
+    preempt_below: int | None = None  # settings.preemptBelow: in-flight work below it may be preempted
 
 
 @dataclass(frozen=True)

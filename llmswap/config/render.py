@@ -182,6 +182,7 @@ def _scheduler(scheduler: SchedulerConfig) -> dict[str, Any]:
             },
             "prioritizer": scheduler.prioritizer,
             "onDeadline": scheduler.on_deadline,
+            "preemptBelow": scheduler.preempt_below,
         },
         "admission": {
             "maxQueue": admission.max_queue,

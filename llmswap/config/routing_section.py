@@ -261,7 +261,7 @@ def _read_scheduler(fields: Fields, resolve: Resolve) -> SchedulerConfig:
         fields.error("use", f'unknown scheduler "{use}" (valid: {", ".join(SCHEDULERS)})')
         use = "fifo"
     settings = fields.mapping("settings", "a mapping with fifo:, batch:, prioritizer:, onDeadline:")
-    settings.warn_unknown(("fifo", "batch", "prioritizer", "onDeadline"))
+    settings.warn_unknown(("fifo", "batch", "prioritizer", "onDeadline", "preemptBelow"))
     prioritizer = settings.text("prioritizer", "fcfs").strip() or "fcfs"
     if prioritizer not in PRIORITIZERS:
         valid = ", ".join(PRIORITIZERS)
@@ -289,6 +289,9 @@ def _read_scheduler(fields: Fields, resolve: Resolve) -> SchedulerConfig:
         admission=_read_admission(fields.mapping("admission", "a mapping of queue bounds")),
         prioritizer=prioritizer,
         on_deadline=on_deadline,
+        preempt_below=settings.integer(
+            "preemptBelow", 0, what="a whole number (requests below this priority may be preempted)"
+        ) if settings.has("preemptBelow") else None,
     )
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from llmswap.config.model import Config, ModelConfig
 from llmswap.process import LogRing, Process
 from llmswap.process.state import ProcessState
-from llmswap.scheduler.errors import SchedulerError, ShuttingDown, SwapFailed
+from llmswap.scheduler.errors import Preempted, SchedulerError, ShuttingDown, SwapFailed
 from llmswap.scheduler.types import (
     Effects,
     HandlerRequest,
@@ -83,6 +83,8 @@ class Waiter:
     position: int = 0
     gone: bool = False  # the client left; grants must fail
     load: float = 0.0  # seconds of its wait its model spent loading (for the access log)
+    task: asyncio.Task[Any] | None = None  # the task serving it once granted (preemption cancels it)
+    preempted: str | None = None  # set by `preempt`: why its answer is being ended
 
 
 @dataclass(frozen=True)
@@ -365,9 +367,18 @@ class BaseRouter(Effects):
         process = self.processes[granted_model]
         if on_granted is not None:
             on_granted(waiter.load)  # seconds of the wait spent on its model's load
+        task = waiter.task = asyncio.current_task()
         try:
+            if waiter.preempted is not None:  # preempted between its grant and now
+                raise Preempted(waiter.preempted)
             with process.track_request():
                 yield process
+        except asyncio.CancelledError:
+            # `preempt` cancelled the task serving it: its upstream call was abandoned; tell the client why.
+            if waiter.preempted is None or task is None or not task.cancelling():
+                raise
+            task.uncancel()
+            raise Preempted(waiter.preempted) from None
         finally:
             self._served(granted_model, req)
 
@@ -556,6 +567,17 @@ class BaseRouter(Effects):
         target = waiter.granted if waiter.admitted.done() else waiter.admitted
         if not target.done():
             target.set_exception(err)
+
+    def preempt(self, req: HandlerRequest, message: str) -> None:
+        """End in-flight `req` early (preemption): cancel the task serving it, which closes its upstream
+        request; `acquire` turns the cancellation into `Preempted(message)` and posts its ServeDone."""
+        waiter: Waiter = req.handle
+        if waiter is None or waiter.preempted is not None:
+            return
+        waiter.preempted = message
+        log.info("%s: preempting a request of %s: %s", self.name, req.model, message)
+        if waiter.task is not None and not waiter.task.done():
+            waiter.task.cancel(message)
 
     def stop_processes(self, models: Sequence[str], timeout: float | None) -> None:
         done, self._unload_done = self._unload_done, None

@@ -34,9 +34,11 @@ def scheduler_factory(config: Config, name: str, swapper: Swapper, clock: Clock)
         if settings.use == "batch":
             return BatchScheduler(name, swapper, effects, limits=limits, settings=settings.batch, clock=clock,
                                   logger=logger, admission=settings.admission, key_limits=key_limits,
-                                  prioritizer=prioritizer, on_deadline=settings.on_deadline)
+                                  prioritizer=prioritizer, on_deadline=settings.on_deadline,
+                                  preempt_below=settings.preempt_below)
         return FifoScheduler(name, swapper, effects, limits=limits, priority=settings.priority, clock=clock,
                              logger=logger, admission=settings.admission, key_limits=key_limits,
-                             prioritizer=prioritizer, on_deadline=settings.on_deadline)
+                             prioritizer=prioritizer, on_deadline=settings.on_deadline,
+                             preempt_below=settings.preempt_below)
 
     return make

@@ -44,6 +44,7 @@ class SchedulerStats:
     """Counters for the metrics endpoint; mutated only on the router's run loop."""
 
     rejected: dict[str, int] = field(default_factory=dict)  # reason -> count
+    preempted: dict[str, int] = field(default_factory=dict)  # reason -> in-flight requests preempted
     deadline_missed: int = 0  # waiting requests that became unable to meet their deadline (rejected or not)
 
     def count(self, reason: str) -> None:

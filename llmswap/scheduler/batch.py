@@ -99,13 +99,14 @@ class BatchScheduler(QueueScheduler):
         rates: ArrivalRates | None = None,
         prioritizer: Prioritizer | None = None,
         on_deadline: str = "ignore",
+        preempt_below: int | None = None,
     ) -> None:
         self.settings = settings or BatchSettings()
         super().__init__(
             name, swapper, effects, limits=limits, priority=self.settings.priority, clock=clock,
             logger=logger,
             admission=admission, key_limits=key_limits, times=times, prioritizer=prioritizer,
-            on_deadline=on_deadline,
+            on_deadline=on_deadline, preempt_below=preempt_below,
         )
         self.gaps = ClientGaps()
         self.rates = rates or ArrivalRates()
@@ -128,6 +129,7 @@ class BatchScheduler(QueueScheduler):
             changed = self._plan()
             if not (moved or changed):
                 break
+        self._preempt_blocked()  # issue 16
         self._publish_positions()
         self._abort_unwanted_swaps()
 
@@ -185,7 +187,7 @@ class BatchScheduler(QueueScheduler):
         if evict or self._collides(req.model, evict):
             return False
         if state is ProcessState.READY:
-            if req.model in self._making_room:
+            if req.model in self._making_room or self._preemption.holds(req.model, req):
                 return False
             self._grant(req, req.model)
             return True
@@ -329,6 +331,8 @@ class BatchScheduler(QueueScheduler):
         """How long `model`'s requests may be deferred for the models it would evict: maxWait, scaled
         down to nothing when holding those models saves no load (their traffic is open-loop)."""
         victims = self._evictions(model) or []
+        if not self._preemption.models().isdisjoint(victims):
+            return 0.0  # issue 16: what is in its way was preempted for it
         now = self._clock()
         closed = max((self.rates.hold_factor(v, now) for v in victims), default=1.0)
         return self.settings.max_wait * closed
@@ -363,6 +367,8 @@ class BatchScheduler(QueueScheduler):
         loaded_at = self._loaded_at.get(model)
         if loaded_at is None or self._effects.model_state(model) is not ProcessState.READY:
             return False
+        if model in self._preemption.models():
+            return False  # issue 16: preempted for a higher-priority request
         return now < loaded_at + self._residency_of(model, now) and not self._idle(model, now)
 
     def _residency_of(self, model: str, now: float) -> float:

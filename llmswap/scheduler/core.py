@@ -49,6 +49,7 @@ from llmswap.scheduler.errors import (
     Shed,
 )
 from llmswap.scheduler.estimates import ServiceTimes, retry_after
+from llmswap.scheduler.preemption import Preempting
 from llmswap.scheduler.prioritizers import Prioritizer, next_late
 from llmswap.scheduler.types import (
     Clock,
@@ -108,6 +109,7 @@ class QueueScheduler(ABC):
         times: ServiceTimes | None = None,
         prioritizer: Prioritizer | None = None,
         on_deadline: str = "ignore",
+        preempt_below: int | None = None,
     ) -> None:
         self.name = name
         self._swapper = swapper
@@ -121,6 +123,7 @@ class QueueScheduler(ABC):
         self.stats = SchedulerStats()
         self._prioritizer = prioritizer or Prioritizer()  # issue 16: order within a priority class
         self._deadlines = Deadlines(on_deadline)
+        self._preemption = Preempting(preempt_below)  # issue 16: preemption of background work
 
         self._active: dict[str, ActiveSwap] = {}
         self._queue: list[HandlerRequest] = []  # sorted by _queue_key
@@ -341,6 +344,7 @@ class QueueScheduler(ABC):
                     detail: str) -> None:
         # Recorded before launching so that requests arriving meanwhile join it instead of starting another.
         self._active[req.model] = ActiveSwap(req.model, evict, self._clock(), [req])
+        self._preemption.evicted(evict)
         self._swapper.on_swap_start(req.model, running)
         self._log.info("swap: start %s evict [%s] rule=%s (%s)", req.model, ", ".join(evict), rule, detail)
         self._effects.start_swap(SwapPlan(req.model, evict, rule, request_seq=req.seq, detail=detail))
@@ -543,6 +547,32 @@ class QueueScheduler(ABC):
         load = self._load_remaining(req.model) if self._would_wait(req.model) else 0.0
         return load + self.times.service(req.model)
 
+    def _preempt_blocked(self) -> None:
+        """Preempt the background work in the way of the first waiting request above preemptBelow."""
+        if self._preemption.bound is None:
+            return
+        serving: dict[str, list[HandlerRequest]] = {}
+        for granted in self._granted:
+            serving.setdefault(granted.model, []).append(granted)
+        needed: set[str] = set()
+        for req in self._queue:
+            evict = self._evictions(req.model) if self._preemption.may_preempt(req) else None
+            if not evict:
+                continue
+            needed.update(evict)
+            victims = self._preemption.victims(req, evict, serving)
+            if not victims:
+                continue
+            self._preemption.started(victims)
+            for p in victims:
+                self.stats.preempted[p.reason] = self.stats.preempted.get(p.reason, 0) + 1
+                self._log.info("%s: preempt request #%d (priority %d) on %s for request #%d of %s (priority "
+                               "%d): reason=%s", self.name, p.request.seq, p.request.priority, p.model,
+                               req.seq, req.model, req.priority, p.reason)
+                self._effects.preempt(p.request, p.message)
+            break  # one preemptor at a time: the next is looked at once this one's swap started
+        self._preemption.retain(needed)
+
     def _late_rejected(self, requests: list[HandlerRequest]) -> bool:
         """Report the newly late among `requests`; answer them 503 under onDeadline reject (True if any)."""
         rejected = False
@@ -574,6 +604,7 @@ class QueueScheduler(ABC):
 
     def _release(self, req: HandlerRequest) -> None:
         self._deadlines.forget(req)
+        self._preemption.ended(req)
         _decrement(self._reserved, req.model, self.name)
         if req.api_key is not None and req.api_key in self._key_reserved:
             _decrement(self._key_reserved, req.api_key, self.name)

@@ -65,6 +65,13 @@ class DeadlineMissed(SchedulerError):
     code = "deadline_missed"
 
 
+class Preempted(SchedulerError):
+    """This in-flight request was ended to make room for a higher-priority one (preemptBelow)."""
+
+    status = 503
+    code = "preempted"
+
+
 class SwapFailed(SchedulerError):
     """Starting the model failed (spawn error, premature exit, health-check timeout, ...)."""
 

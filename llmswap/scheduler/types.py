@@ -119,6 +119,10 @@ class Effects(Protocol):
     def notify_position(self, req: HandlerRequest, position: int) -> None:
         """The waiter's 1-based place in the queue changed (for the loading feedback)."""
 
+    def preempt(self, req: HandlerRequest, message: str) -> None:
+        """End in-flight `req` early to make room (preemption, `llmswap.scheduler.preemption`): abort its
+        upstream request and answer its client `Preempted(message)`. Its `ServeDone` still follows."""
+
     def inherited_in_flight(self, model: str) -> int:
         """Requests of `model` that a predecessor router (before a config reload) is still serving: they
         count toward `concurrencyLimit` here too, or a reload would briefly double the limit."""

@@ -173,6 +173,14 @@ class ServerMetrics:
                 _add(rejected, getattr(scheduler_stats, "rejected", {}))
         return swaps, evictions, failures, rejected
 
+    def preemptions(self) -> dict[str, int]:
+        """In-flight requests preempted for higher-priority ones, by reason, over every router seen."""
+        counts: dict[str, int] = {}
+        for _, scheduler_stats in self._routers_seen:
+            if scheduler_stats is not None:
+                _add(counts, getattr(scheduler_stats, "preempted", {}))
+        return counts
+
     def deadline_misses(self) -> int:
         """Waiting requests that could no longer meet their deadline, over every router seen."""
         return sum(getattr(scheduler_stats, "deadline_missed", 0)
@@ -248,6 +256,8 @@ class RouterCollector:
                                   failures)
         yield _counter("llmswap_rejections", "Requests refused or dropped by admission control", "reason",
                        rejected)
+        yield _counter("llmswap_preemptions", "In-flight requests preempted for higher-priority ones",
+                       "reason", self.metrics.preemptions())
         yield CounterMetricFamily("llmswap_deadline_misses",
                                   "Waiting requests that could no longer meet their deadline (X-Deadline-Ms)",
                                   self.metrics.deadline_misses())

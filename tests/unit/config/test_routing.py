@@ -426,3 +426,13 @@ def test_watchdog_timeouts_are_read_and_validated() -> None:
     assert one_error('models:\n  a:\n    cmd: "srv --port ${PORT}"\n    timeouts: {idle: -1}\n') == (
         "config.yaml:4: models.a.timeouts.idle: must be >= 0, got -1; accepted: 0 (no limit) or seconds"
     )
+
+
+def test_preempt_below_is_off_unless_set() -> None:
+    assert load(MODELS).routing.scheduler.preempt_below is None
+    config = load(MODELS + "routing:\n  scheduler:\n    settings:\n      preemptBelow: 0\n")
+    assert config.routing.scheduler.preempt_below == 0
+    assert one_error(MODELS + "routing:\n  scheduler:\n    settings:\n      preemptBelow: low\n") == (
+        "config.yaml:9: routing.scheduler.settings.preemptBelow: must be a whole number (requests below "
+        'this priority may be preempted), got "low"'
+    )

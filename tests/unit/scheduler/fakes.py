@@ -85,6 +85,7 @@ class FakeEffects:
         self.inherited: dict[str, int] = {}  # requests a predecessor router still serves, per model
 
         self.starts: list[SwapPlan] = []
+        self.preempted: list[tuple[HandlerRequest, str]] = []  # preempt calls, in order
         self.aborts: list[str] = []
         self.admitted: list[HandlerRequest] = []
         self.grants: list[Grant] = []
@@ -127,6 +128,10 @@ class FakeEffects:
     def grant_error(self, req: HandlerRequest, err: SchedulerError) -> None:
         self.calls.append(("grant_error", req))
         self.grants.append(Grant(req, req.model, err))
+
+    def preempt(self, req: HandlerRequest, message: str) -> None:
+        self.calls.append(("preempt", req))
+        self.preempted.append((req, message))
 
     def stop_processes(self, models: Sequence[str], timeout: float | None) -> None:
         self.calls.append(("stop_processes", tuple(models)))
