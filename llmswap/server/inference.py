@@ -20,7 +20,7 @@ from aiohttp import hdrs, web
 from llmswap.config.model import ModelConfig, PeerConfig
 from llmswap.process.state import ProcessState
 from llmswap.router import BaseRouter
-from llmswap.scheduler.errors import SchedulerError
+from llmswap.scheduler.errors import Preempted, SchedulerError
 from llmswap.server import guardrails, middleware
 from llmswap.server.errors import error_response, scheduler_error_response
 from llmswap.server.filters import FilterPlan, apply_plan, plan_for
@@ -268,6 +268,12 @@ async def _serve_local(
     except SchedulerError as err:
         if feedback is not None:
             return await feedback.fail(err.status, err.message)
+        if isinstance(err, Preempted) and middleware.answering(request):
+            # Preempted mid-answer (its upstream call was abandoned): a truncated answer must not pass
+            # for a complete one, so the connection is cut, as when an upstream breaks off.
+            if request.transport is not None:
+                request.transport.close()
+            return _client_left()
         return scheduler_error_response(request, err)
     finally:
         if feedback is not None:

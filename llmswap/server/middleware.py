@@ -42,6 +42,7 @@ class AccessRecord:
     waited: float | None = None  # seconds from asking the router for the model to being granted it
     first_byte: float | None = None  # seconds from arrival to the first byte of the upstream's answer sent
     load: float | None = None  # seconds of `waited` its model spent loading (the rest was queueing)
+    answering: bool = False  # the answer's status line went out: no other response can follow
 
 
 # Told about every request once it is answered: (request, record, status, seconds). Must not block.
@@ -73,6 +74,18 @@ def note_load(request: web.Request, seconds: float) -> None:
     record = request.get(ACCESS)
     if isinstance(record, AccessRecord):
         record.load = seconds
+
+
+def note_answering(request: web.BaseRequest) -> None:
+    """Record that the answer's status and headers went out (a later error can no longer be a response)."""
+    record = request.get(ACCESS)
+    if isinstance(record, AccessRecord):
+        record.answering = True
+
+
+def answering(request: web.BaseRequest) -> bool:
+    record = request.get(ACCESS)
+    return isinstance(record, AccessRecord) and record.answering
 
 
 def note_first_byte(request: web.BaseRequest) -> None:

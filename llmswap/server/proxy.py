@@ -22,7 +22,7 @@ from yarl import URL
 
 from llmswap.config.model import Timeouts
 from llmswap.server.errors import error_body, error_response
-from llmswap.server.middleware import note_first_byte
+from llmswap.server.middleware import note_answering, note_first_byte
 from llmswap.server.state import STATE, ServerState
 from llmswap.server.watchdog import Watchdog, WatchdogExpired
 
@@ -277,6 +277,7 @@ async def forward(
             if is_event_stream(upstream.headers.get(hdrs.CONTENT_TYPE, "")):
                 response.headers["X-Accel-Buffering"] = "no"
             await response.prepare(request)
+            note_answering(request)
         completed = await _relay_body(request, response, upstream, error_prefix, sse_error, watchdog)
         return response
     except ConnectionResetError:
