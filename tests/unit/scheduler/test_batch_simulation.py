@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from bench.sim.run import simulate
-from bench.sim.traces import bursty_single_model, closed_loop_agents, interleaved_burst
+from bench.sim.traces import background_tasks, bursty_single_model, closed_loop_agents, interleaved_burst
 from bench.simulate import check, main, traces
 from llmswap.config.model import BatchSettings
 
@@ -66,3 +66,15 @@ def test_open_loop_interleaved_arrivals_batch_neither_swaps_more_nor_finishes_la
 def test_a_single_model_is_loaded_once_by_both():
     trace = bursty_single_model()
     assert simulate(trace, "fifo").swaps == simulate(trace, "batch").swaps == 1
+
+
+@pytest.mark.parametrize("scheduler", ["fifo", "batch"])
+def test_preempting_background_tasks_bounds_the_interactive_wait_to_about_one_load(scheduler):
+    trace = background_tasks()  # three task workers (priority -1) keep their model busy; chat arrives
+    waited = simulate(trace, scheduler)
+    preempted = simulate(trace, scheduler, preempt_below=0)
+    load = max(m.load for m in trace.models.values())
+    service = max(m.service * (1 + m.spread) for m in trace.models.values())
+    assert waited.max_wait > 2 * load, "without preemption chat waits for the task batch"
+    assert preempted.max_wait <= load + service
+    assert preempted.errors > 0 and waited.errors == 0, "the preempted task requests were answered Preempted"
