@@ -29,7 +29,6 @@ from llmswap.config.model import DEFAULT_CONCURRENCY_LIMIT, EMPTY, AdmissionConf
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.admission import (
     REASON_CONCURRENCY,
-    REASON_DEADLINE,
     REASON_GLOBAL_QUEUE,
     REASON_KEY,
     REASON_MODEL_QUEUE,
@@ -38,7 +37,6 @@ from llmswap.scheduler.admission import (
     Admission,
     SchedulerStats,
 )
-from llmswap.scheduler.deadlines import Deadlines
 from llmswap.scheduler.errors import (
     ConcurrencyLimit,
     ModelNotFound,
@@ -49,7 +47,6 @@ from llmswap.scheduler.errors import (
     Shed,
 )
 from llmswap.scheduler.estimates import ServiceTimes, retry_after
-from llmswap.scheduler.preemption import Preempting
 from llmswap.scheduler.prioritizers import Prioritizer, next_late
 from llmswap.scheduler.types import (
     Clock,
@@ -64,6 +61,7 @@ from llmswap.scheduler.types import (
     SwapPlan,
     Unload,
 )
+from llmswap.scheduler.urgency import UrgencyMixin
 
 
 @dataclass(frozen=True)
@@ -89,7 +87,7 @@ class ActiveSwap:
         return self.model in evict or target in self.evict or not set(self.evict).isdisjoint(evict)
 
 
-class QueueScheduler(ABC):
+class QueueScheduler(UrgencyMixin, ABC):
     """Implements `Scheduler` except for placement. Every method runs on the router's run loop."""
 
     kind = "queue"  # names the default logger: llmswap.scheduler.<kind>.<router name>
@@ -121,9 +119,7 @@ class QueueScheduler(ABC):
         self._admission = Admission(admission, key_limits)
         self.times = times or ServiceTimes()
         self.stats = SchedulerStats()
-        self._prioritizer = prioritizer or Prioritizer()  # issue 16: order within a priority class
-        self._deadlines = Deadlines(on_deadline)
-        self._preemption = Preempting(preempt_below)  # issue 16: preemption of background work
+        self._init_urgency(prioritizer, on_deadline, preempt_below)  # issue 16: llmswap.scheduler.urgency
 
         self._active: dict[str, ActiveSwap] = {}
         self._queue: list[HandlerRequest] = []  # sorted by _queue_key
@@ -534,56 +530,6 @@ class QueueScheduler(ABC):
     def _queue_key(self, req: HandlerRequest) -> tuple[int, int, float, int]:
         within = self._prioritizer.key(req, self._clock(), self._remaining)
         return (-self._priority.get(req.model, 0), -req.priority, within, req.seq)
-
-    # ----------------------------------------------------------------------------- deadlines (issue 16)
-
-    def _reorder(self) -> None:
-        """Re-sort the queue when the prioritizer's keys move with time (lrs); a no-op otherwise."""
-        if self._prioritizer.dynamic:
-            self._queue.sort(key=self._queue_key)
-
-    def _remaining(self, req: HandlerRequest) -> float:
-        """Seconds of work still ahead of waiting `req`: its model's load if it must load, one service."""
-        load = self._load_remaining(req.model) if self._would_wait(req.model) else 0.0
-        return load + self.times.service(req.model)
-
-    def _preempt_blocked(self) -> None:
-        """Preempt the background work in the way of the first waiting request above preemptBelow."""
-        if self._preemption.bound is None:
-            return
-        serving: dict[str, list[HandlerRequest]] = {}
-        for granted in self._granted:
-            serving.setdefault(granted.model, []).append(granted)
-        needed: set[str] = set()
-        for req in self._queue:
-            evict = self._evictions(req.model) if self._preemption.may_preempt(req) else None
-            if not evict:
-                continue
-            needed.update(evict)
-            victims = self._preemption.victims(req, evict, serving)
-            if not victims:
-                continue
-            self._preemption.started(victims)
-            for p in victims:
-                self.stats.preempted[p.reason] = self.stats.preempted.get(p.reason, 0) + 1
-                self._log.info("%s: preempt request #%d (priority %d) on %s for request #%d of %s (priority "
-                               "%d): reason=%s", self.name, p.request.seq, p.request.priority, p.model,
-                               req.seq, req.model, req.priority, p.reason)
-                self._effects.preempt(p.request, p.message)
-            break  # one preemptor at a time: the next is looked at once this one's swap started
-        self._preemption.retain(needed)
-
-    def _late_rejected(self, requests: list[HandlerRequest]) -> bool:
-        """Report the newly late among `requests`; answer them 503 under onDeadline reject (True if any)."""
-        rejected = False
-        for req, err in self._deadlines.check(requests, self._clock(), self._remaining, self.stats,
-                                              self._log, self.name):
-            if err is not None:
-                self._remove_waiter(req)
-                self.stats.count(REASON_DEADLINE)
-                self._fail(req, err)
-                rejected = True
-        return rejected
 
     def _grant(self, req: HandlerRequest, model: str) -> None:
         if self._effects.grant_serve(req, model):
