@@ -2,14 +2,15 @@
 
 Pure functions over `Contender`s (one per model with queued requests); no scheduler state.
 
-Deadlines. A model's *deadline* is when its oldest queued request has waited `maxWait`: its swap
-should have started by then. Models go one after another on a machine that holds one of them at
-a time (the worst case the planner assumes), each occupying it for its *slot*: its load time,
-the minimum residency it is then granted, and one request's service time. Walking the models in
-deadline order (earliest deadline first) from the last one back, the *latest start* of each is
-the later-bounded of its own deadline and the next one's latest start minus its slot. The first
-model's latest start is when the loaded models must begin making room so that every deadline
-can still be met (least-slack scheduling: seeds 003/004).
+Deadlines. A model's *deadline* is when its oldest queued request has waited its *budget*: maxWait,
+scaled down by how much holding the models in its way pays (`llmswap.scheduler.arrivals`; none for
+open-loop traffic, so it goes as FIFO would). Its swap should have started by then. Models go one
+after another on a machine that holds one of them at a time (the worst case the planner assumes),
+each occupying it for its *slot*: its load time, the minimum residency it is then granted, and one
+request's service time. Walking the models in deadline order (earliest deadline first) from the last
+one back, the *latest start* of each is the later-bounded of its own deadline and the next one's
+latest start minus its slot. The first model's latest start is when the loaded models must begin
+making room so that every deadline can still be met (least-slack scheduling: seeds 003/004).
 
 Request deadlines (prioritizer edf or lrs). A model whose most urgent request carries a deadline
 (`X-Deadline-Ms`...) must start by that deadline minus its load and one service time: its deadline
