@@ -360,7 +360,9 @@ class BaseRouter(Effects):
             async with self._handover_out.new.acquire(
                 model, priority=priority, api_key=api_key,
                 on_admitted=None if admitted_told else on_admitted, on_position=on_position,
-                deadline_ms=deadline_ms, on_granted=on_granted,
+                # The same deadline, not a new one from now: what is left of it (already late: barely any).
+                deadline_ms=None if req.deadline is None else max(1e-3, (req.deadline - self.clock()) * 1000),
+                on_granted=on_granted,
             ) as process:
                 yield process
             return
