@@ -28,7 +28,8 @@ Series (counters end in `_total`, histograms have `_bucket`/`_sum`/`_count`):
     llmswap_model_starts_total{model}                     llmswap_upstream_restarts_total{model}
     llmswap_upstream_unexpected_exits_total{model}        llmswap_model_start_failures_total{model}
     llmswap_rejections_total{reason}                      llmswap_info{version,router}
-    llmswap_websockets_open{model}
+    llmswap_websockets_open{model}                        llmswap_preemptions_total{reason}
+    llmswap_deadline_misses_total
     llmswap_memory_total_bytes{device,name,reader}        llmswap_memory_used_bytes{device,name,reader}
     vram router only: llmswap_model_footprint_bytes{model}, llmswap_vram_budget_bytes{device},
                       llmswap_vram_in_use_bytes{device}
