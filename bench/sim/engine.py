@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llmswap.process.state import ProcessState
-from llmswap.scheduler.errors import SchedulerError, SwapFailed
+from llmswap.scheduler.errors import Preempted, SchedulerError, SwapFailed
 from llmswap.scheduler.types import (
     HandlerRequest,
     Scheduler,
@@ -106,6 +106,8 @@ class Simulation:
         self.states: dict[str, ProcessState] = {m: ProcessState.STOPPED for m in models}
         self._loading: dict[str, _Loading] = {}
         self._clients: dict[HandlerRequest, _Client] = {}
+        self._factors: dict[HandlerRequest, float] = {}  # each request's service time factor
+        self._preempted: set[HandlerRequest] = set()  # ended early: their service completion is void
         self._armed: float | None = None
         self._arm_token = 0
         self.result = SimResult()
@@ -141,6 +143,9 @@ class Simulation:
                              api_key=api_key)
         outcome = Outcome(req)
         self.result.outcomes.append(outcome)
+        # Drawn at arrival, not at grant: the same request then takes the same time under every
+        # scheduler (common random numbers), so their numbers differ by their decisions alone.
+        self._factors[req] = self._rng.uniform(-1.0, 1.0)
         self._clients[req] = _Client(outcome, on_done)
         self._deliver(lambda: self.scheduler.on_request(req))
         return outcome
@@ -211,11 +216,15 @@ class Simulation:
         client = self._clients[req]
         client.outcome.granted = self.now
         times = self.models[model]
-        service = times.service * self._rng.uniform(1 - times.spread, 1 + times.spread)
+        service = times.service * (1 + times.spread * self._factors.pop(req, 0.0))
         self.after(service, lambda: self._served(req, model))
         return True
 
     def _served(self, req: HandlerRequest, model: str) -> None:
+        if req in self._preempted:
+            self._preempted.discard(req)
+            self._clients.pop(req, None)
+            return  # its ServeDone went out when it was preempted
         client = self._clients.pop(req)
         client.outcome.finished = self.now
         self.result.end = max(self.result.end, self.now - self._start)
@@ -229,6 +238,17 @@ class Simulation:
         if client.on_done is not None:
             on_done, outcome = client.on_done, client.outcome
             self.after(0.0, lambda: on_done(outcome))
+
+    def preempt(self, req: HandlerRequest, message: str) -> None:
+        """The request's answer ends now: its client gets `Preempted`, the scheduler its ServeDone."""
+        client = self._clients.get(req)
+        if client is None or client.outcome.finished is not None:
+            return
+        client.outcome.error = Preempted(message)
+        client.outcome.finished = self.now
+        self._preempted.add(req)
+        model = req.model
+        self.after(0.0, lambda: self._deliver(lambda: self.scheduler.on_serve_done(ServeDone(model, req))))
 
     def stop_processes(self, models: Sequence[str], timeout: float | None) -> None:
         for model in models:

@@ -47,7 +47,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def simulate(trace: Trace, scheduler: str, *, batch: BatchSettings | None = None,
-             admission: AdmissionConfig | None = None, seed: int = 1) -> Summary:
+             admission: AdmissionConfig | None = None, seed: int = 1,
+             preempt_below: int | None = None) -> Summary:
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; use one of {', '.join(SCHEDULERS)}")
     group = GroupConfig(DEFAULT_GROUP_ID, swap=True, exclusive=True, members=tuple(trace.models))
@@ -59,8 +60,9 @@ def simulate(trace: Trace, scheduler: str, *, batch: BatchSettings | None = None
     def make(sim: Simulation) -> Scheduler:
         if scheduler == "batch":
             return BatchScheduler("sim", swapper, sim, limits=limits, settings=batch or BatchSettings(),
-                                  clock=sim.clock, admission=admission)
-        return FifoScheduler("sim", swapper, sim, limits=limits, clock=sim.clock, admission=admission)
+                                  clock=sim.clock, admission=admission, preempt_below=preempt_below)
+        return FifoScheduler("sim", swapper, sim, limits=limits, clock=sim.clock, admission=admission,
+                             preempt_below=preempt_below)
 
     sim = Simulation(trace.models, make, seed=seed)
     trace.workload(sim)

@@ -9,6 +9,11 @@
   Its default keeps the swap work within what one slot can do: with more cold requests (say 3 per
   cold model in 120 s) every cold request costs a load and the hot model's reload, the machine is
   over capacity, and no scheduler can bound waits (batch then degrades to earliest deadline first).
+- bursty multi-model: bursts for one model at a time, the model changing from burst to burst.
+- heavy-tailed: open-loop arrivals over models whose service times differ tenfold, each ±90 %.
+- Zipf: many models, popularity falling with rank (a few hot, a long tail of cold ones).
+- background tasks: three task workers (priority -1) drain a batch on one model while sparse
+  interactive requests for another model arrive.
 """
 
 from __future__ import annotations
@@ -99,3 +104,87 @@ def hot_and_cold(cold: int = 6, *, duration: float = 180.0, hot_rate: float = 2.
                 sim.at(rng.uniform(0, duration), lambda i=i: sim.submit(f"cold{i}"))
 
     return Trace(f"one hot + {cold} cold ({duration:.0f} s)", models, workload)
+
+
+def bursty_multi_model(models_count: int = 4, bursts: int = 6, size: int = 8, *, gap: float = 20.0,
+                       load: float = 4.0, service: float = 1.0, seed: int = 11) -> Trace:
+    """Bursts of requests, each burst for one model picked at random, a quiet gap between bursts."""
+    models = {f"m{i}": ModelTimes(load=load, service=service) for i in range(models_count)}
+    names = list(models)
+
+    def workload(sim: Simulation) -> None:
+        rng = random.Random(seed)
+        for b in range(bursts):
+            model = rng.choice(names)
+            start = b * gap + rng.uniform(0, gap / 4)
+            for n in range(size):
+                sim.at(start + n * 0.1, lambda model=model: sim.submit(model))
+
+    return Trace(f"bursty multi-model ({bursts} bursts of {size} over {models_count} models)", models,
+                 workload)
+
+
+def heavy_tailed(models_count: int = 3, requests: int = 90, *, rate: float = 1.0, load: float = 4.0,
+                 seed: int = 5) -> Trace:
+    """Open-loop Poisson arrivals over models whose service times differ tenfold and spread widely."""
+    services = [0.3, 1.0, 3.0]
+    models = {f"s{i}": ModelTimes(load=load, service=services[i % len(services)], spread=0.9)
+              for i in range(models_count)}
+    names = list(models)
+
+    def workload(sim: Simulation) -> None:
+        rng = random.Random(seed)
+        t = 0.0
+        for _ in range(requests):
+            t += rng.expovariate(rate)
+            model = rng.choice(names)
+            sim.at(t, lambda model=model: sim.submit(model))
+
+    return Trace(f"heavy-tailed service times ({requests} requests, 0.3-3 s x ±90 %)", models, workload)
+
+
+def zipf_models(models_count: int = 10, requests: int = 120, *, rate: float = 0.4, exponent: float = 1.2,
+                load: float = 4.0, service: float = 1.0, seed: int = 3) -> Trace:
+    """Many models, each request's model drawn with Zipf popularity (rank k with weight 1/k^s)."""
+    models = {f"z{i}": ModelTimes(load=load, service=service) for i in range(models_count)}
+    names = list(models)
+    weights = [1 / (k + 1) ** exponent for k in range(models_count)]
+
+    def workload(sim: Simulation) -> None:
+        rng = random.Random(seed)
+        t = 0.0
+        for _ in range(requests):
+            t += rng.expovariate(rate)
+            model = rng.choices(names, weights)[0]
+            sim.at(t, lambda model=model: sim.submit(model))
+
+    return Trace(f"{models_count} models, Zipf popularity (s={exponent:g}, {requests} requests)", models,
+                 workload)
+
+
+def background_tasks(tasks: int = 30, *, interactive_rate: float = 0.2, duration: float = 150.0,
+                     load: float = 4.0, seed: int = 9) -> Trace:
+    """A task batch (low priority, one model, three at a time) behind sparse interactive chat traffic."""
+    models = {"chat": ModelTimes(load=load, service=1.0), "batch-model": ModelTimes(load=load, service=2.0)}
+
+    def workload(sim: Simulation) -> None:
+        rng = random.Random(seed)
+        left = tasks
+
+        def task_worker() -> None:
+            nonlocal left
+            if left <= 0:
+                return
+            left -= 1
+            sim.submit("batch-model", priority=-1, on_done=lambda _: sim.after(0.01, task_worker))
+
+        for w in range(3):
+            sim.at(w * 0.01, task_worker)
+        t = 0.0
+        while True:
+            t += rng.expovariate(interactive_rate)
+            if t >= duration:
+                break
+            sim.at(t, lambda: sim.submit("chat"))
+
+    return Trace(f"{tasks} background tasks under interactive chat ({duration:.0f} s)", models, workload)

@@ -18,6 +18,8 @@ TIMEOUT_KEYS = {
     "tlsHandshake": "tls_handshake",
     "expectContinue": "expect_continue",
     "idleConn": "idle_conn",
+    "wall": "wall",  # llmswap: the watchdog (llmswap.server.watchdog)
+    "idle": "idle",
 }
 PROTECTED_PARAM = "model"  # routing depends on it: filters may never remove or set it
 

@@ -352,16 +352,18 @@ def _api_keys(root: Fields) -> tuple[ApiKey, ...]:
     for index, item in enumerate(root.items("apiKeys", "a list of keys")):
         where = f"apiKeys[{index}]"
         if isinstance(item, Scalar):
-            key, priority, max_concurrent, name = item.text, 0, 0, ""
+            key, priority, max_concurrent, name, deadline_ms = item.text, 0, 0, "", 0.0
         elif isinstance(item, Map):
             fields = Fields(item, where, root.problems)
-            fields.warn_unknown(("key", "name", "priority", "maxConcurrent"))
+            fields.warn_unknown(("key", "name", "priority", "maxConcurrent", "deadlineMs"))
             key = fields.text("key")
             name = fields.text("name").strip()
             priority = fields.integer("priority", 0)
             max_concurrent = fields.integer(
                 "maxConcurrent", 0, minimum=0, what="a whole number (0 = unlimited)"
             )
+            deadline_ms = fields.number("deadlineMs", 0.0, minimum=0, what="milliseconds",
+                                        accepted="0 (no deadline) or milliseconds after arrival")
         else:
             root.problems.error(
                 item.line, where, f"must be a key or a mapping with key:, got {describe(item)}"
@@ -381,7 +383,8 @@ def _api_keys(root: Fields) -> tuple[ApiKey, ...]:
             root.problems.warn(item.line, where, "this key is listed twice; the first entry is used")
             continue
         seen.add(key)
-        keys.append(ApiKey(key=key, priority=priority, max_concurrent=max_concurrent, name=name))
+        keys.append(ApiKey(key=key, priority=priority, max_concurrent=max_concurrent, name=name,
+                           deadline_ms=deadline_ms))
     return tuple(keys)
 
 

@@ -49,6 +49,8 @@ class Timeouts:
     tls_handshake: float = 10.0
     expect_continue: float = 1.0
     idle_conn: float = 90.0
+    wall: float = 0.0  # llmswap: the watchdog's bound on a whole answer, from the grant (0 = none)
+    idle: float = 0.0  # llmswap: the watchdog's bound on a gap between the upstream's bytes (0 = none)
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ class ModelConfig:
     vram: int | None = None  # llmswap: declared memory footprint in bytes (YAML `vram: 6.5GB`)
     gpus: tuple[int, ...] | None = None  # llmswap: pinned devices (YAML `gpus`, else CUDA_VISIBLE_DEVICES)
     persistent: bool = False  # llmswap: the vram router never evicts it (groups have their own flag)
+    deadline_ms: float = 0.0  # llmswap: default X-Deadline-Ms of its requests (0 = none)
     line: int = 0  # line of `models.<id>` in the config file, for messages
 
     # What is displayed of the commands (/running, logs, events, check-config): never an env value, and
@@ -225,12 +228,19 @@ class AdmissionConfig:
     queue_timeout: float = 0.0  # seconds; 0 = wait as long as it takes
 
 
+PRIORITIZERS = ("fcfs", "edf", "lrs")  # routing.scheduler.settings.prioritizer
+ON_DEADLINE = ("ignore", "reject")  # routing.scheduler.settings.onDeadline
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     use: str = "fifo"  # fifo | batch
     priority: Mapping[str, int] = _no_entries()  # fifo.priority: real model id -> priority (higher first)
     batch: BatchSettings = field(default_factory=BatchSettings)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    prioritizer: str = "fcfs"  # settings.prioritizer: fcfs | edf | lrs, within a priority class
+    on_deadline: str = "ignore"  # settings.onDeadline: ignore (count only) | reject (503 before serving)
+    preempt_below: int | None = None  # settings.preemptBelow: in-flight work below it may be preempted
 
 
 @dataclass(frozen=True)
@@ -246,6 +256,7 @@ class ApiKey:
     key: str
     priority: int = 0
     max_concurrent: int = 0  # 0 = unlimited
+    deadline_ms: float = 0.0  # default X-Deadline-Ms of its requests (0 = none; before the model's)
     name: str = ""  # who owns the files and batches this key creates; several keys may share a name
 
     @property

@@ -62,6 +62,7 @@ MODEL_KEYS = (
     "vram",
     "gpus",
     "persistent",
+    "deadlineMs",
 )
 CAPABILITY_KEYS = ("in", "out", "tools", "reranker", "context")
 
@@ -256,6 +257,8 @@ def read_model(
             vram=fields.size("vram", None),
             gpus=gpus,
             persistent=fields.flag("persistent", False),
+            deadline_ms=fields.number("deadlineMs", 0.0, minimum=0, what="milliseconds",
+                                      accepted="0 (no deadline) or milliseconds after arrival"),
             line=line,
         ),
         aliases=aliases,

@@ -69,6 +69,8 @@ def _timeouts(timeouts: Timeouts) -> dict[str, Any]:
         "tlsHandshake": _number(timeouts.tls_handshake),
         "expectContinue": _number(timeouts.expect_continue),
         "idleConn": _number(timeouts.idle_conn),
+        "wall": _number(timeouts.wall),
+        "idle": _number(timeouts.idle),
     }
 
 
@@ -138,6 +140,7 @@ def _model(model: ModelConfig) -> dict[str, Any]:
             "capabilities": _capabilities(model.capabilities),
             "vram": model.vram,
             "persistent": model.persistent,
+            "deadlineMs": _number(model.deadline_ms) if model.deadline_ms else None,
         }
     )
     if model.gpus is not None:  # an empty list means "no GPU", so it is shown
@@ -194,6 +197,9 @@ def _scheduler(scheduler: SchedulerConfig) -> dict[str, Any]:
                 "minResidency": _number(batch.min_residency),
                 "priority": dict(batch.priority),
             },
+            "prioritizer": scheduler.prioritizer,
+            "onDeadline": scheduler.on_deadline,
+            "preemptBelow": scheduler.preempt_below,
         },
         "admission": {
             "maxQueue": admission.max_queue,
@@ -234,7 +240,8 @@ def format_config(config: Config) -> str:
         "clientHeaderTimeout": _number(config.client_header_timeout),
         "stateDir": str(config.state_dir) if config.state_dir is not None else None,
         "apiKeys": [
-            {"key": _redact(key.key), "priority": key.priority, "maxConcurrent": key.max_concurrent}
+            {"key": _redact(key.key), "priority": key.priority, "maxConcurrent": key.max_concurrent,
+             **({"deadlineMs": _number(key.deadline_ms)} if key.deadline_ms else {})}
             for key in config.api_keys
         ],
         "cors": {"allowedOrigins": [pattern.text for pattern in config.allowed_origins]},

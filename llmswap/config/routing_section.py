@@ -14,6 +14,8 @@ from types import MappingProxyType
 from llmswap.config.fields import Fields
 from llmswap.config.model import (
     DEFAULT_GROUP_ID,
+    ON_DEADLINE,
+    PRIORITIZERS,
     AdmissionConfig,
     BatchSettings,
     GroupConfig,
@@ -258,8 +260,17 @@ def _read_scheduler(fields: Fields, resolve: Resolve) -> SchedulerConfig:
     if use not in SCHEDULERS:
         fields.error("use", f'unknown scheduler "{use}" (valid: {", ".join(SCHEDULERS)})')
         use = "fifo"
-    settings = fields.mapping("settings", "a mapping with fifo: and batch:")
-    settings.warn_unknown(("fifo", "batch"))
+    settings = fields.mapping("settings", "a mapping with fifo:, batch:, prioritizer:, onDeadline:")
+    settings.warn_unknown(("fifo", "batch", "prioritizer", "onDeadline", "preemptBelow"))
+    prioritizer = settings.text("prioritizer", "fcfs").strip() or "fcfs"
+    if prioritizer not in PRIORITIZERS:
+        valid = ", ".join(PRIORITIZERS)
+        settings.error("prioritizer", f'unknown prioritizer "{prioritizer}" (valid: {valid})')
+        prioritizer = "fcfs"
+    on_deadline = settings.text("onDeadline", "ignore").strip() or "ignore"
+    if on_deadline not in ON_DEADLINE:
+        settings.error("onDeadline", f'unknown onDeadline "{on_deadline}" (valid: {", ".join(ON_DEADLINE)})')
+        on_deadline = "ignore"
     fifo = settings.mapping("fifo", "a mapping with priority:")
     fifo.warn_unknown(("priority",))
     batch = settings.mapping("batch", "a mapping with maxWait:, minResidency:, priority:")
@@ -276,6 +287,11 @@ def _read_scheduler(fields: Fields, resolve: Resolve) -> SchedulerConfig:
             ),
         ),
         admission=_read_admission(fields.mapping("admission", "a mapping of queue bounds")),
+        prioritizer=prioritizer,
+        on_deadline=on_deadline,
+        preempt_below=settings.integer(
+            "preemptBelow", 0, what="a whole number (requests below this priority may be preempted)"
+        ) if settings.has("preemptBelow") else None,
     )
 
 

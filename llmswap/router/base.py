@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from llmswap.config.model import Config, ModelConfig
 from llmswap.process import LogRing, Process
 from llmswap.process.state import ProcessState
-from llmswap.scheduler.errors import SchedulerError, ShuttingDown, SwapFailed
+from llmswap.scheduler.errors import Preempted, SchedulerError, ShuttingDown, SwapFailed
 from llmswap.scheduler.types import (
     Effects,
     HandlerRequest,
@@ -83,6 +83,9 @@ class Waiter:
     on_position: Callable[[int], None] | None = None
     position: int = 0
     gone: bool = False  # the client left; grants must fail
+    load: float = 0.0  # seconds of its wait its model spent loading (for the access log)
+    task: asyncio.Task[Any] | None = None  # the task serving it once granted (preemption cancels it)
+    preempted: str | None = None  # set by `preempt`: why its answer is being ended
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,7 @@ class BaseRouter(Effects):
         self._closing = False
         self._processed = 0  # events fully handled; tests wait on it instead of sleeping
         self._idle = asyncio.Event()
+        self._loads: dict[str, tuple[float, float]] = {}  # each model's last successful load: (start, ready)
         self._serving: dict[str, int] = {}  # granted requests whose response has not ended, per model
         # Requests posted to the run loop that the scheduler has not seen yet, per model: `load_of` counts
         # them, so two choices made in one loop step do not both see room for one.
@@ -310,6 +314,8 @@ class BaseRouter(Effects):
         api_key: str | None = None,
         on_admitted: Callable[[ProcessState], None] | None = None,
         on_position: Callable[[int], None] | None = None,
+        deadline_ms: float | None = None,
+        on_granted: Callable[[float], None] | None = None,
     ) -> AsyncIterator[ProcessLike]:
         """Wait until `model` may serve, yield its process, and report the end of the request.
 
@@ -318,7 +324,8 @@ class BaseRouter(Effects):
         """
         if self._handover_out is not None:
             async with self._handover_out.new.acquire(
-                model, priority=priority, api_key=api_key, on_admitted=on_admitted, on_position=on_position
+                model, priority=priority, api_key=api_key, on_admitted=on_admitted, on_position=on_position,
+                deadline_ms=deadline_ms, on_granted=on_granted,
             ) as process:
                 yield process
             return
@@ -326,9 +333,11 @@ class BaseRouter(Effects):
             raise ShuttingDown(f"{self.name} is shutting down")
         loop = asyncio.get_running_loop()
         waiter = Waiter(loop.create_future(), loop.create_future(), on_position)
+        arrived = self.clock()
         req = HandlerRequest(
-            model=model, seq=next(self._seq), arrived=self.clock(), priority=priority,
+            model=model, seq=next(self._seq), arrived=arrived, priority=priority,
             api_key=api_key, handle=waiter,
+            deadline=arrived + deadline_ms / 1000 if deadline_ms else None,
         )
         self._unhandled[model] = self._unhandled.get(model, 0) + 1
         self._events.put_nowait(_Request(req))
@@ -356,13 +365,27 @@ class BaseRouter(Effects):
             async with self._handover_out.new.acquire(
                 model, priority=priority, api_key=api_key,
                 on_admitted=None if admitted_told else on_admitted, on_position=on_position,
+                # The same deadline, not a new one from now: what is left of it (already late: barely any).
+                deadline_ms=None if req.deadline is None else max(1e-3, (req.deadline - self.clock()) * 1000),
+                on_granted=on_granted,
             ) as process:
                 yield process
             return
         process = self.processes[granted_model]
+        if on_granted is not None:
+            on_granted(waiter.load)  # seconds of the wait spent on its model's load
+        task = waiter.task = asyncio.current_task()
         try:
+            if waiter.preempted is not None:  # preempted between its grant and now
+                raise Preempted(waiter.preempted)
             with process.track_request():
                 yield process
+        except asyncio.CancelledError:
+            # `preempt` cancelled the task serving it: its upstream call was abandoned; tell the client why.
+            if waiter.preempted is None or task is None or not task.cancelling():
+                raise
+            task.uncancel()
+            raise Preempted(waiter.preempted) from None
         finally:
             self._served(granted_model, req)
 
@@ -549,6 +572,9 @@ class BaseRouter(Effects):
         if not waiter.admitted.done():
             waiter.admitted.set_result(None)
         waiter.granted.set_result(model)
+        load = self._loads.get(model)
+        if load is not None and load[1] >= req.arrived:  # its model finished loading while it waited
+            waiter.load = load[1] - max(load[0], req.arrived)
         # Counted from the grant, not from when the handler resumes: a successor must never see this
         # model as free in between.
         self._serving[model] = self._serving.get(model, 0) + 1
@@ -561,6 +587,17 @@ class BaseRouter(Effects):
         target = waiter.granted if waiter.admitted.done() else waiter.admitted
         if not target.done():
             target.set_exception(err)
+
+    def preempt(self, req: HandlerRequest, message: str) -> None:
+        """End in-flight `req` early (preemption): cancel the task serving it, which closes its upstream
+        request; `acquire` turns the cancellation into `Preempted(message)` and posts its ServeDone."""
+        waiter: Waiter = req.handle
+        if waiter is None or waiter.preempted is not None:
+            return
+        waiter.preempted = message
+        log.info("%s: preempting a request of %s: %s", self.name, req.model, message)
+        if waiter.task is not None and not waiter.task.done():
+            waiter.task.cancel(message)
 
     def stop_processes(self, models: Sequence[str], timeout: float | None) -> None:
         done, self._unload_done = self._unload_done, None
@@ -637,6 +674,9 @@ class BaseRouter(Effects):
             return
         if ev.error is not None:
             self.stats.swap_failures += 1
+        else:
+            ready = self.clock()
+            self._loads[ev.model] = (ready - ev.duration, ready)
         self._notify(SwapFinished(swap.plan, ev.error, ev.duration))
         self._handover_progress()
 

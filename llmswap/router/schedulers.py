@@ -12,6 +12,7 @@ import logging
 from llmswap.config.model import Config
 from llmswap.scheduler.batch import BatchScheduler
 from llmswap.scheduler.fifo import FifoScheduler
+from llmswap.scheduler.prioritizers import Prioritizer
 from llmswap.scheduler.types import Clock, Effects, Scheduler, SchedulerFactory, Swapper
 
 SCHEDULERS = ("fifo", "batch")
@@ -27,11 +28,17 @@ def scheduler_factory(config: Config, name: str, swapper: Swapper, clock: Clock)
                          f"{', '.join(SCHEDULERS)}")
     logger = logging.getLogger(f"llmswap.scheduler.{name}")
 
+    prioritizer = Prioritizer(settings.prioritizer)
+
     def make(effects: Effects) -> Scheduler:
         if settings.use == "batch":
             return BatchScheduler(name, swapper, effects, limits=limits, settings=settings.batch, clock=clock,
-                                  logger=logger, admission=settings.admission, key_limits=key_limits)
+                                  logger=logger, admission=settings.admission, key_limits=key_limits,
+                                  prioritizer=prioritizer, on_deadline=settings.on_deadline,
+                                  preempt_below=settings.preempt_below)
         return FifoScheduler(name, swapper, effects, limits=limits, priority=settings.priority, clock=clock,
-                             logger=logger, admission=settings.admission, key_limits=key_limits)
+                             logger=logger, admission=settings.admission, key_limits=key_limits,
+                             prioritizer=prioritizer, on_deadline=settings.on_deadline,
+                             preempt_below=settings.preempt_below)
 
     return make

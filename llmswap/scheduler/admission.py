@@ -33,6 +33,7 @@ REASON_MODEL_QUEUE = "queue_full_model"  # maxQueuePerModel, policy reject (or n
 REASON_GLOBAL_QUEUE = "queue_full_global"  # maxQueue, policy reject (or not outranking)
 REASON_SHED = "shed"  # a waiter dropped to admit a higher-ranked request
 REASON_TIMEOUT = "queue_timeout"  # waited queueTimeout seconds
+REASON_DEADLINE = "deadline"  # could no longer meet its deadline, and onDeadline is reject
 
 Rank = Callable[[HandlerRequest], tuple[int, ...]]
 Scope = Literal["model", "global"]
@@ -43,6 +44,8 @@ class SchedulerStats:
     """Counters for the metrics endpoint; mutated only on the router's run loop."""
 
     rejected: dict[str, int] = field(default_factory=dict)  # reason -> count
+    preempted: dict[str, int] = field(default_factory=dict)  # reason -> in-flight requests preempted
+    deadline_missed: int = 0  # waiting requests that became unable to meet their deadline (rejected or not)
 
     def count(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1

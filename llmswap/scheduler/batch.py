@@ -30,6 +30,17 @@ Which contending model loads next, and when (`_plan`; arithmetic in `batch_plan`
 - A busy model (requests in flight) is never evicted; loads nobody waits for are aborted when a
   queued request needs them gone; unloads, stops and shutdown behave as in FIFO (shared core).
 
+Holding only where it pays (`llmswap.scheduler.arrivals`): the scheduler measures, per model, how
+fast its requests arrive while it is loaded and while it is not. A closed loop (agents that wait
+for their answer) sends nothing while its model is away, and holding its model saves a load per
+request; open-loop traffic arrives regardless, and holding only idles the machine. Both maxWait
+(how long others are deferred for a model) and minResidency are scaled by that measure: for
+open-loop traffic a contender goes as soon as the models in its way have nothing in flight
+(`batch.no_gain`), while the loaded model keeps serving its newcomers meanwhile — FIFO's decision,
+so batch never does worse than FIFO there. It starts that way and holds once a model's clients are
+measured to wait for it. A residency is capped at its load so that it never pushes a waiting
+request past maxWait + one load (unless minResidency is the longer, which then takes precedence).
+
 Timers (deadlines, ends of minimum residency, ends of idle grace, queue timeouts) are reported by
 `next_deadline()` and acted on in `on_tick()`; the scheduler never sleeps or reads the wall clock.
 """
@@ -39,19 +50,30 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from llmswap.config.model import EMPTY, AdmissionConfig, BatchSettings
 from llmswap.process.state import ProcessState
-from llmswap.scheduler.batch_plan import Contender, by_choice, by_deadline, can_go_first, latest_starts
+from llmswap.scheduler.arrivals import RETURN_WINDOW, ArrivalRates
+from llmswap.scheduler.batch_plan import (
+    Contender,
+    by_choice,
+    by_deadline,
+    can_go_first,
+    first_latest_start,
+    latest_starts,
+)
 from llmswap.scheduler.core import QueueScheduler
 from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.idle import ClientGaps
+from llmswap.scheduler.prioritizers import Prioritizer
 from llmswap.scheduler.types import Clock, Effects, HandlerRequest, Swapper
 
 RULE_FREE = "batch.free"  # nothing had to stop for the model: loaded at once
 RULE_IDLE = "batch.idle"  # the models in its way went idle and it was the only one waiting
 RULE_DEEPEST = "batch.deepest_queue"  # the models in its way went idle; it had the best score
 RULE_MAX_WAIT = "batch.max_wait"  # its oldest request's maxWait deadline made the loaded models give way
+RULE_NO_GAIN = "batch.no_gain"  # holding the loaded models saves no load (open-loop traffic): it went at once
 
 _MAX_ROUNDS = 4  # serve/plan rounds per drain; each round that changes nothing ends it earlier
 
@@ -74,30 +96,40 @@ class BatchScheduler(QueueScheduler):
         admission: AdmissionConfig | None = None,
         key_limits: Mapping[str, int] = EMPTY,
         times: ServiceTimes | None = None,
+        rates: ArrivalRates | None = None,
+        prioritizer: Prioritizer | None = None,
+        on_deadline: str = "ignore",
+        preempt_below: int | None = None,
     ) -> None:
         self.settings = settings or BatchSettings()
         super().__init__(
             name, swapper, effects, limits=limits, priority=self.settings.priority, clock=clock,
             logger=logger,
-            admission=admission, key_limits=key_limits, times=times,
+            admission=admission, key_limits=key_limits, times=times, prioritizer=prioritizer,
+            on_deadline=on_deadline, preempt_below=preempt_below,
         )
         self.gaps = ClientGaps()
+        self.rates = rates or ArrivalRates()
         self._loaded_at: dict[str, float] = {}  # when each model's last successful swap finished
+        self._residency: dict[str, float] = {}  # the cap on each model's minimum residency, set at its load
         self._making_room: frozenset[str] = frozenset()  # ready models that take no new requests
         self._wake: float | None = None  # when the plan must be looked at again
 
     # ----------------------------------------------------------------------------- policy hooks
 
     def _accept(self, req: HandlerRequest) -> None:
+        self._reorder()  # issue 16: lrs keys move with time
         bisect.insort(self._queue, req, key=self._queue_key)
         self._drain()
 
     def _drain(self) -> None:
+        self._reorder()  # issue 16: lrs keys move with time
         for _ in range(_MAX_ROUNDS):
             moved = self._serve_round()
             changed = self._plan()
             if not (moved or changed):
                 break
+        self._preempt_blocked()  # issue 16
         self._publish_positions()
         self._abort_unwanted_swaps()
 
@@ -110,9 +142,23 @@ class BatchScheduler(QueueScheduler):
     def _arrived(self, req: HandlerRequest) -> None:
         quiet = not self._in_flight.get(req.model) and not any(w.model == req.model for w in self._waiters())
         self.gaps.arrived(req.model, self._clock(), quiet=quiet)
+        evicted = any(req.model in swap.evict for swap in self._active.values())
+        ready = self._effects.model_state(req.model) is ProcessState.READY and not evicted
+        self.rates.arrived(req.model, self._clock(), ready=ready)
 
     def _loaded(self, model: str, duration: float) -> None:
         self._loaded_at[model] = self._clock()
+        self.rates.loaded(model, self._clock())
+        # Capped at its load: a residency longer than the waiting models' latest start would push them
+        # past maxWait + load (the planner may have counted on a shorter one before holding paid).
+        # Unless minResidency is the longer of the two: then it takes precedence, against ping-pong.
+        if self.settings.min_residency > self.settings.max_wait:
+            self._residency.pop(model, None)
+            return
+        now = self._clock()
+        others = [replace(c, budget=None) for c in self._contenders().values() if c.model != model]
+        latest = first_latest_start(others, self.settings.max_wait) - self.times.service_upper(model)
+        self._residency[model] = max(0.0, latest - now)
 
     def _finished(self, model: str) -> None:
         self.gaps.finished(model, self._clock())
@@ -141,7 +187,7 @@ class BatchScheduler(QueueScheduler):
         if evict or self._collides(req.model, evict):
             return False
         if state is ProcessState.READY:
-            if req.model in self._making_room:
+            if req.model in self._making_room or self._preemption.holds(req.model, req):
                 return False
             self._grant(req, req.model)
             return True
@@ -164,7 +210,7 @@ class BatchScheduler(QueueScheduler):
         started = False
         if contenders:
             max_wait = self.settings.max_wait
-            ordered = by_deadline(list(contenders.values()), max_wait)
+            ordered = by_deadline(list(contenders.values()), max_wait, now)
             head = ordered[0]
             evictions = self._evictions(head.model)
             # None: the swapper says it can never run; the serve round answers such requests first.
@@ -172,15 +218,23 @@ class BatchScheduler(QueueScheduler):
             in_use = [v for v in head_evict if not self._idle(v, now)]
             margin = max((self.times.service_upper(v) for v in in_use), default=0.0)
             switch_at = latest_starts(ordered, max_wait)[0] - margin
+            # Newcomers of the loaded models are turned away ("make room") only under maxWait itself;
+            # before that, a contender whose deferral budget ran out goes as soon as its way is free.
+            press_at = first_latest_start([replace(c, budget=None) for c in ordered], max_wait) - margin
             if now >= switch_at:
-                making_room = frozenset(v for v in head_evict if not self._protected(v, now))
+                pressed = now >= press_at
+                if pressed:
+                    making_room = frozenset(v for v in head_evict if not self._protected(v, now))
+                else:
+                    wakes.append(press_at)
                 if evictions is not None and self._startable(head.model, head_evict, now, pressed=True):
-                    self._commit(head, head_evict, RULE_MAX_WAIT, contenders, now)
+                    rule = RULE_MAX_WAIT if pressed else RULE_NO_GAIN
+                    self._commit(head, head_evict, rule, contenders, now)
                     started = True
                 else:
                     for v in head_evict:
                         if self._protected(v, now):
-                            wakes.append(self._loaded_at[v] + self.settings.min_residency)
+                            wakes.append(self._loaded_at[v] + self._residency_of(v, now))
                             wakes.extend(self._quiet_wakes(v))
             else:
                 wakes.append(switch_at)
@@ -241,6 +295,8 @@ class BatchScheduler(QueueScheduler):
         victims = ", ".join(f"{v} ({self._describe(v, now)})" for v in evict) or "nothing"
         detail = (f"request #{req.seq} of {c.model} waited {now - req.arrived:.1f}s; queues: {queues}; "
                   f"evict {victims}")
+        for victim in evict:
+            self.rates.left(victim, now, window=RETURN_WINDOW * self.times.load(victim))
         self._start_swap(req, tuple(evict), self._running_set(exclude=c.model), rule, detail)
         # Its other queued requests join the swap in the next serve round.
 
@@ -248,17 +304,38 @@ class BatchScheduler(QueueScheduler):
         groups: dict[str, list[HandlerRequest]] = {}
         for req in self._queue:
             groups.setdefault(req.model, []).append(req)
-        return {
-            model: Contender(
-                model=model,
-                depth=len(reqs),
-                oldest=min(r.arrived for r in reqs),
-                model_priority=self._priority.get(model, 0),
-                request_priority=max(r.priority for r in reqs),
-                slot=self._slot(model),
-            )
-            for model, reqs in groups.items()
-        }
+        return {model: self._contender(model, reqs) for model, reqs in groups.items()}
+
+    def _contender(self, model: str, reqs: list[HandlerRequest]) -> Contender:
+        top = max(r.priority for r in reqs)
+        now = self._clock()
+        within = min(self._prioritizer.key(r, now, self._remaining) for r in reqs if r.priority == top)
+        due = None
+        if self._prioritizer.name != "fcfs":  # under fcfs request deadlines only count when missed
+            work = self.times.load(model) + self.times.service(model)
+            dues = [r.deadline - work for r in reqs if r.deadline is not None]
+            due = min(dues) if dues else None
+        return Contender(
+            model=model,
+            depth=len(reqs),
+            oldest=min(r.arrived for r in reqs),
+            model_priority=self._priority.get(model, 0),
+            request_priority=top,
+            slot=self._slot(model),
+            budget=self._budget(model),
+            due=due,
+            within=within,
+        )
+
+    def _budget(self, model: str) -> float:
+        """How long `model`'s requests may be deferred for the models it would evict: maxWait, scaled
+        down to nothing when holding those models saves no load (their traffic is open-loop)."""
+        victims = self._evictions(model) or []
+        if not self._preemption.models().isdisjoint(victims):
+            return 0.0  # issue 16: what is in its way was preempted for it
+        now = self._clock()
+        closed = max((self.rates.hold_factor(v, now) for v in victims), default=1.0)
+        return self.settings.max_wait * closed
 
     def _slot(self, model: str) -> float:
         """How long `model` is expected to hold the machine once it goes: load, residency, a last request.
@@ -268,10 +345,11 @@ class BatchScheduler(QueueScheduler):
         """
         service = self.times.service_upper(model)
         returning = self.gaps.returning(model)
-        if_returning = max(self.settings.min_residency, service)
+        residency = self.settings.min_residency * self.rates.hold_factor(model, self._clock())
+        if_returning = max(residency, service)
         if_not = service + self.gaps.grace(model)
-        residency = returning * if_returning + (1 - returning) * min(if_returning, if_not)
-        return self.times.load(model) + residency + service
+        expected = returning * if_returning + (1 - returning) * min(if_returning, if_not)
+        return self.times.load(model) + expected + service
 
     # ----------------------------------------------------------------------------- model status
 
@@ -289,7 +367,14 @@ class BatchScheduler(QueueScheduler):
         loaded_at = self._loaded_at.get(model)
         if loaded_at is None or self._effects.model_state(model) is not ProcessState.READY:
             return False
-        return now < loaded_at + self.settings.min_residency and not self._idle(model, now)
+        if model in self._preemption.models():
+            return False  # issue 16: preempted for a higher-priority request
+        return now < loaded_at + self._residency_of(model, now) and not self._idle(model, now)
+
+    def _residency_of(self, model: str, now: float) -> float:
+        """minResidency, scaled by whether holding `model` pays, within the cap set at its load."""
+        held = self.settings.min_residency * self.rates.hold_factor(model, now)
+        return min(held, self._residency.get(model, held))
 
     def _quiet_wakes(self, model: str) -> list[float]:
         """When `model` may turn idle without any event: the end of its grace, if nothing else holds it."""

@@ -47,6 +47,7 @@ from llmswap.scheduler.errors import (
     Shed,
 )
 from llmswap.scheduler.estimates import ServiceTimes, retry_after
+from llmswap.scheduler.prioritizers import Prioritizer, next_late
 from llmswap.scheduler.types import (
     Clock,
     Effects,
@@ -60,6 +61,7 @@ from llmswap.scheduler.types import (
     SwapPlan,
     Unload,
 )
+from llmswap.scheduler.urgency import UrgencyMixin
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class ActiveSwap:
         return self.model in evict or target in self.evict or not set(self.evict).isdisjoint(evict)
 
 
-class QueueScheduler(ABC):
+class QueueScheduler(UrgencyMixin, ABC):
     """Implements `Scheduler` except for placement. Every method runs on the router's run loop."""
 
     kind = "queue"  # names the default logger: llmswap.scheduler.<kind>.<router name>
@@ -103,6 +105,9 @@ class QueueScheduler(ABC):
         admission: AdmissionConfig | None = None,
         key_limits: Mapping[str, int] = EMPTY,
         times: ServiceTimes | None = None,
+        prioritizer: Prioritizer | None = None,
+        on_deadline: str = "ignore",
+        preempt_below: int | None = None,
     ) -> None:
         self.name = name
         self._swapper = swapper
@@ -114,6 +119,7 @@ class QueueScheduler(ABC):
         self._admission = Admission(admission, key_limits)
         self.times = times or ServiceTimes()
         self.stats = SchedulerStats()
+        self._init_urgency(prioritizer, on_deadline, preempt_below)  # issue 16: llmswap.scheduler.urgency
 
         self._active: dict[str, ActiveSwap] = {}
         self._queue: list[HandlerRequest] = []  # sorted by _queue_key
@@ -200,6 +206,8 @@ class QueueScheduler(ABC):
             return
         if victim is not None:
             self._shed(victim, req)
+        if self._late_rejected([req]):
+            return
         self._accept(req)
 
     def on_cancel(self, req: HandlerRequest) -> None:
@@ -298,10 +306,13 @@ class QueueScheduler(ABC):
             ))
         if expired:
             self._after_removal()
+        if self._late_rejected(list(self._waiters())):
+            self._after_removal()
         self._drain()
 
     def next_deadline(self) -> float | None:
-        times = [t for t in (self._admission.next_timeout(self._waiters()), self._policy_deadline())
+        late = next_late([r for r in self._waiters() if not self._deadlines.counted(r)], self._remaining)
+        times = [t for t in (self._admission.next_timeout(self._waiters()), self._policy_deadline(), late)
                  if t is not None]
         return min(times) if times else None
 
@@ -340,6 +351,7 @@ class QueueScheduler(ABC):
                     detail: str) -> None:
         # Recorded before launching so that requests arriving meanwhile join it instead of starting another.
         self._active[req.model] = ActiveSwap(req.model, evict, self._clock(), [req])
+        self._preemption.evicted(evict)
         self._swapper.on_swap_start(req.model, running)
         self._log.info("swap: start %s evict [%s] rule=%s (%s)", req.model, ", ".join(evict), rule, detail)
         self._effects.start_swap(SwapPlan(req.model, evict, rule, request_seq=req.seq, detail=detail))
@@ -526,8 +538,9 @@ class QueueScheduler(ABC):
         limit = self._limits.get(model, DEFAULT_CONCURRENCY_LIMIT)
         return limit if limit > 0 else DEFAULT_CONCURRENCY_LIMIT
 
-    def _queue_key(self, req: HandlerRequest) -> tuple[int, int, int]:
-        return (-self._priority.get(req.model, 0), -req.priority, req.seq)
+    def _queue_key(self, req: HandlerRequest) -> tuple[int, int, float, int]:
+        within = self._prioritizer.key(req, self._clock(), self._remaining)
+        return (-self._priority.get(req.model, 0), -req.priority, within, req.seq)
 
     def _grant(self, req: HandlerRequest, model: str) -> None:
         if self._effects.grant_serve(req, model):
@@ -547,6 +560,8 @@ class QueueScheduler(ABC):
             self._key_reserved[req.api_key] = self._key_reserved.get(req.api_key, 0) + 1
 
     def _release(self, req: HandlerRequest) -> None:
+        self._deadlines.forget(req)
+        self._preemption.ended(req)
         _decrement(self._reserved, req.model, self.name)
         if req.api_key is not None and req.api_key in self._key_reserved:
             _decrement(self._key_reserved, req.api_key, self.name)

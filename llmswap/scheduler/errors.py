@@ -58,6 +58,20 @@ class Shed(SchedulerError):
     code = "shed"
 
 
+class DeadlineMissed(SchedulerError):
+    """The request can no longer be served by its deadline (`onDeadline: reject`)."""
+
+    status = 503
+    code = "deadline_missed"
+
+
+class Preempted(SchedulerError):
+    """This in-flight request was ended to make room for a higher-priority one (preemptBelow)."""
+
+    status = 503
+    code = "preempted"
+
+
 class SwapFailed(SchedulerError):
     """Starting the model failed (spawn error, premature exit, health-check timeout, ...)."""
 

@@ -39,16 +39,21 @@ class FifoScheduler(QueueScheduler):
 
     def _accept(self, req: HandlerRequest) -> None:
         if not self._place(req, RULE_REQUEST):
+            self._reorder()  # issue 16: lrs keys move with time
             bisect.insort(self._queue, req, key=self._queue_key)
+            self._preempt_blocked()  # issue 16
             self._publish_positions()
             self._abort_unwanted_swaps()
 
     def _drain(self) -> None:
         """One pass over the queue, in order; swaps started here are seen by the requests after."""
         if not self._queue:
+            self._preempt_blocked()  # issue 16: releases holds nobody needs any more
             return
+        self._reorder()  # issue 16: lrs keys move with time
         remaining = [req for req in self._queue if not self._place(req, RULE_DRAIN)]
         self._queue = remaining
+        self._preempt_blocked()  # issue 16
         self._publish_positions()
         self._abort_unwanted_swaps()
 
@@ -58,6 +63,8 @@ class FifoScheduler(QueueScheduler):
         if isinstance(prepared, bool):
             return prepared
         state, running, evict = prepared.state, prepared.running, prepared.evict
+        if self._preemption.holds(req.model, req):
+            return False  # issue 16: its model is being emptied for a higher-priority request
         collides = self._collides(req.model, evict)
         if state is ProcessState.READY and not evict and not collides:
             self._grant(req, req.model)

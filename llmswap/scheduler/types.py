@@ -28,6 +28,7 @@ class HandlerRequest:
     arrived: float  # scheduler clock reading at arrival
     priority: int = 0  # per-request priority (X-Priority header or the API key's default)
     api_key: str | None = None  # identity for per-key limits; never logged
+    deadline: float | None = None  # scheduler clock reading by which it should be served (X-Deadline-Ms...)
     handle: Any = None  # the router's waiter; schedulers never touch it
 
 
@@ -128,6 +129,10 @@ class Effects(Protocol):
 
     def notify_position(self, req: HandlerRequest, position: int) -> None:
         """The waiter's 1-based place in the queue changed (for the loading feedback)."""
+
+    def preempt(self, req: HandlerRequest, message: str) -> None:
+        """End in-flight `req` early to make room (preemption, `llmswap.scheduler.preemption`): abort its
+        upstream request and answer its client `Preempted(message)`. Its `ServeDone` still follows."""
 
     def inherited_in_flight(self, model: str) -> int:
         """Requests of `model` that a predecessor router (before a config reload) is still serving: they

@@ -9,6 +9,7 @@ whole request runs under `proxy.while_connected`: a client that hangs up while q
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -19,8 +20,8 @@ from aiohttp import hdrs, web
 from llmswap.config.model import Config, ModelConfig, PeerConfig
 from llmswap.process.state import ProcessState
 from llmswap.router import BaseRouter
-from llmswap.scheduler.errors import SchedulerError
-from llmswap.server import middleware
+from llmswap.scheduler.errors import Preempted, SchedulerError
+from llmswap.server import guardrails, middleware
 from llmswap.server.errors import error_response, scheduler_error_response
 from llmswap.server.filters import FilterPlan, apply_plan, plan_for
 from llmswap.server.inflight import tracker_of
@@ -38,9 +39,11 @@ from llmswap.server.proxy import (
 from llmswap.server.resolve import Identified, MalformedRequest, encode_form_value, identify, renamed
 from llmswap.server.selectors import Lease, NoTarget, SelectorBook
 from llmswap.server.state import ServerState, request_api_key, state
+from llmswap.server.watchdog import Watchdog
 
 PRIORITY_HEADER = "X-Priority"
 SELECTORS_KEY = "selectors"  # ServerState.extras key of the current config's SelectorBook
+DEADLINE_HEADER = "X-Deadline-Ms"  # milliseconds after arrival by which the request should be served
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ def setup(app: web.Application) -> None:
     for route in ROUTES:
         app.router.add_route(route.method, route.path, _handler(route))
     app.on_cleanup.append(close_upstream_pool)
+    app[guardrails.REPORTED] = {}
 
 
 def _handler(route: InferenceRoute) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -150,6 +154,24 @@ def request_priority(request: web.Request) -> int:
     return key.priority if key is not None else 0
 
 
+def request_deadline_ms(request: web.Request) -> float | None:
+    """`X-Deadline-Ms` when the client sent one, else its API key's `deadlineMs`; None for neither
+    (the model's `deadlineMs` applies then)."""
+    header = request.headers.get(DEADLINE_HEADER, "").strip()
+    if header:
+        try:
+            value = float(header)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value <= 0:
+            raise MalformedRequest(
+                f"{DEADLINE_HEADER} must be a positive number of milliseconds after arrival, got {header!r}"
+            )
+        return value
+    key = request_api_key(request)
+    return key.deadline_ms if key is not None and key.deadline_ms > 0 else None
+
+
 @dataclass(frozen=True)
 class Incoming:
     """One request as read: the route it came by, its body and what the body names."""
@@ -160,6 +182,7 @@ class Incoming:
     priority: int
     dialect: StreamDialect
     query: str | None = None  # the query string to forward instead of the client's (model renamed there)
+    deadline_ms: float | None = None  # header or API key; the model's default is applied when served
 
 
 async def serve(request: web.Request, route: InferenceRoute) -> web.StreamResponse:
@@ -175,6 +198,7 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
     try:
         found = identify(request.method, request.headers.get(hdrs.CONTENT_TYPE, ""), raw, request.query)
         priority = request_priority(request)
+        deadline_ms = request_deadline_ms(request)
     except MalformedRequest as exc:
         return error_response(request, 400, exc.message)
     # Profile pins, then selectors, rename the model where the client put it: what follows (aliases,
@@ -195,7 +219,7 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
         found, raw = renamed(found, raw, lease.target)
     renamed_query = found.source == "query" and found.model != asked_for
     query = query_with_model(request, found.model) if renamed_query else None
-    incoming = Incoming(route, found, raw, priority, dialect_for(route.path), query)
+    incoming = Incoming(route, found, raw, priority, dialect_for(route.path), query, deadline_ms)
     try:
         real = config.real_model_name(found.model)
         if real is not None:
@@ -245,33 +269,47 @@ async def _serve_local(
             feedback = LoadingFeedback(request, model.id, found.model, incoming.dialect, position=position)
             feedback.start()
 
+    refusal = guardrails.over_context(request.app, model, found.document)
+    if refusal is not None:  # issue 16: refused before it waits, and no model is loaded for it
+        return error_response(request, 400, refusal, code="context_length_exceeded", param="messages")
     key = request_api_key(request)
     asked = time.monotonic()
     try:
         async with router.acquire(
             model.id,
             priority=incoming.priority,
+            deadline_ms=incoming.deadline_ms or model.deadline_ms or None,
             api_key=key.key if key is not None else None,
             on_admitted=on_admitted,
             on_position=on_position,
+            on_granted=lambda load: middleware.note_load(request, load),
         ) as process:
             middleware.note_wait(request, time.monotonic() - asked)
             loading_response = await feedback.finish() if feedback is not None else None
             upstream = process.config
+            session = upstream_pool(server).session(upstream.id, upstream.timeouts)
+            await guardrails.learn_reported_context(request.app, upstream, session)
             return await forward(
                 request,
                 base_url=upstream.proxy,
                 path=incoming.route.upstream_path,
-                session=upstream_pool(server).session(upstream.id, upstream.timeouts),
+                session=session,
                 body=body,
                 response=loading_response,
                 query=incoming.query,
                 response_header_timeout=upstream.timeouts.response_header,
                 sse_error=incoming.dialect.error,
+                watchdog=Watchdog.of(f"models.{upstream.id}.timeouts", upstream.timeouts),
             )
     except SchedulerError as err:
         if feedback is not None:
             return await feedback.fail(err.status, err.message)
+        if isinstance(err, Preempted) and middleware.answering(request):
+            # Preempted mid-answer (its upstream call was abandoned): a truncated answer must not pass
+            # for a complete one, so the connection is cut, as when an upstream breaks off.
+            if request.transport is not None:
+                request.transport.close()
+            return _client_left()
         return scheduler_error_response(request, err)
     finally:
         if feedback is not None:

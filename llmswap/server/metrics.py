@@ -28,7 +28,8 @@ Series (counters end in `_total`, histograms have `_bucket`/`_sum`/`_count`):
     llmswap_model_starts_total{model}                     llmswap_upstream_restarts_total{model}
     llmswap_upstream_unexpected_exits_total{model}        llmswap_model_start_failures_total{model}
     llmswap_rejections_total{reason}                      llmswap_info{version,router}
-    llmswap_websockets_open{model}
+    llmswap_websockets_open{model}                        llmswap_preemptions_total{reason}
+    llmswap_deadline_misses_total
     llmswap_memory_total_bytes{device,name,reader}        llmswap_memory_used_bytes{device,name,reader}
     vram router only: llmswap_model_footprint_bytes{model}, llmswap_vram_budget_bytes{device},
                       llmswap_vram_in_use_bytes{device}
@@ -173,6 +174,19 @@ class ServerMetrics:
                 _add(rejected, getattr(scheduler_stats, "rejected", {}))
         return swaps, evictions, failures, rejected
 
+    def preemptions(self) -> dict[str, int]:
+        """In-flight requests preempted for higher-priority ones, by reason, over every router seen."""
+        counts: dict[str, int] = {}
+        for _, scheduler_stats in self._routers_seen:
+            if scheduler_stats is not None:
+                _add(counts, getattr(scheduler_stats, "preempted", {}))
+        return counts
+
+    def deadline_misses(self) -> int:
+        """Waiting requests that could no longer meet their deadline, over every router seen."""
+        return sum(getattr(scheduler_stats, "deadline_missed", 0)
+                   for _, scheduler_stats in self._routers_seen if scheduler_stats is not None)
+
     def memory_reader(self) -> MemoryReader | None:
         """The vram router's own reader when it has one, else one opened here on first use."""
         router_reader = getattr(self.state.router, "reader", None)
@@ -243,6 +257,11 @@ class RouterCollector:
                                   failures)
         yield _counter("llmswap_rejections", "Requests refused or dropped by admission control", "reason",
                        rejected)
+        yield _counter("llmswap_preemptions", "In-flight requests preempted for higher-priority ones",
+                       "reason", self.metrics.preemptions())
+        yield CounterMetricFamily("llmswap_deadline_misses",
+                                  "Waiting requests that could no longer meet their deadline (X-Deadline-Ms)",
+                                  self.metrics.deadline_misses())
 
         sockets = GaugeMetricFamily("llmswap_websockets_open", "Websockets being relayed to a model",
                                     labels=("model",))

@@ -34,6 +34,8 @@ class AccessRecord:
     started: float = 0.0  # time.monotonic() when the request arrived
     waited: float | None = None  # seconds from asking the router for the model to being granted it
     first_byte: float | None = None  # seconds from arrival to the first byte of the upstream's answer sent
+    load: float | None = None  # seconds of `waited` its model spent loading (the rest was queueing)
+    answering: bool = False  # the answer's status line went out: no other response can follow
 
 
 # Told about every request once it is answered: (request, record, status, seconds). Must not block.
@@ -60,6 +62,25 @@ def note_wait(request: web.Request, seconds: float) -> None:
         record.waited = seconds
 
 
+def note_load(request: web.Request, seconds: float) -> None:
+    """Record how much of the request's wait its model spent loading."""
+    record = request.get(ACCESS)
+    if isinstance(record, AccessRecord):
+        record.load = seconds
+
+
+def note_answering(request: web.BaseRequest) -> None:
+    """Record that the answer's status and headers went out (a later error can no longer be a response)."""
+    record = request.get(ACCESS)
+    if isinstance(record, AccessRecord):
+        record.answering = True
+
+
+def answering(request: web.BaseRequest) -> bool:
+    record = request.get(ACCESS)
+    return isinstance(record, AccessRecord) and record.answering
+
+
 def note_first_byte(request: web.BaseRequest) -> None:
     """Record that the first byte of the upstream's answer went out now (only the first call counts)."""
     record = request.get(ACCESS)
@@ -67,11 +88,24 @@ def note_first_byte(request: web.BaseRequest) -> None:
         record.first_byte = time.monotonic() - record.started
 
 
-def access_line(remote: str | None, method: str, path: str, status: int, seconds: float, model: str) -> str:
-    """One access-log line. The path only: query strings and headers may carry secrets."""
+def access_line(remote: str | None, method: str, path: str, status: int, seconds: float, model: str,
+                record: AccessRecord | None = None) -> str:
+    """One access-log line. The path only: query strings and headers may carry secrets.
+
+    A request that waited for a model also says where its time went (OC-CORE-1040): `queue` (waiting
+    for its turn), `load` (its model loading), `ttfb` (arrival to the first byte sent) and `decode`
+    (first byte to the end of the answer)."""
     outcome = "client gone" if status == CLIENT_GONE else str(status)
     line = f'{remote or "-"} "{method} {path}" {outcome} {seconds * 1000:.1f}ms'
-    return f"{line} model={model}" if model else line
+    if model:
+        line = f"{line} model={model}"
+    if record is not None and record.waited is not None:
+        load = record.load or 0.0
+        line += f" queue={max(0.0, record.waited - load) * 1000:.1f}ms load={load * 1000:.1f}ms"
+        if record.first_byte is not None:
+            line += (f" ttfb={record.first_byte * 1000:.1f}ms "
+                     f"decode={max(0.0, seconds - record.first_byte) * 1000:.1f}ms")
+    return line
 
 
 @web.middleware
@@ -93,7 +127,8 @@ async def access_log(request: web.Request, handler: Handler) -> web.StreamRespon
     finally:
         elapsed = time.monotonic() - started
         access_logger.info(
-            "%s", access_line(request.remote, request.method, request.path, status, elapsed, record.model)
+            "%s", access_line(request.remote, request.method, request.path, status, elapsed, record.model,
+                              record)
         )
         for observe in request.app.get(REQUEST_OBSERVERS, ()):
             try:

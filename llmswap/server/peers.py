@@ -19,6 +19,7 @@ from llmswap.config.model import Config, PeerConfig
 from llmswap.server.pool import upstream_pool
 from llmswap.server.proxy import Body, SseErrorFormatter, forward, openai_sse_error
 from llmswap.server.state import state
+from llmswap.server.watchdog import Watchdog
 
 CREDENTIAL_HEADERS = ("Authorization", "x-api-key")
 
@@ -106,4 +107,5 @@ async def forward_to_peer(
         response_header_timeout=peer.timeouts.response_header,
         error_prefix="peer proxy error",
         sse_error=sse_error,
+        watchdog=Watchdog.of(f"peers.{peer.id}.timeouts", peer.timeouts),
     )

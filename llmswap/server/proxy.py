@@ -21,7 +21,9 @@ from yarl import URL
 
 from llmswap.server.errors import error_body, error_response
 from llmswap.server.inflight import note_relayed
+from llmswap.server.middleware import note_answering
 from llmswap.server.pool import Body, SplicedBody, send
+from llmswap.server.watchdog import Watchdog, WatchdogExpired
 
 log = logging.getLogger("llmswap.proxy")
 
@@ -137,6 +139,7 @@ async def forward(
     response_header_timeout: float = 0.0,
     error_prefix: str = "upstream proxy error",
     sse_error: SseErrorFormatter = openai_sse_error,
+    watchdog: Watchdog | None = None,
 ) -> web.StreamResponse:
     """Send `request` to `base_url` + `path` and relay the answer as it arrives.
 
@@ -150,6 +153,7 @@ async def forward(
 
     `response` is a response already sent to the client (a loading stream's 200): the upstream's body is
     written into it; its status and headers are lost, and an upstream error becomes an `sse_error` event.
+    `watchdog` bounds the whole answer and the gaps between its bytes (`llmswap.server.watchdog`): 504.
     """
     headers = outgoing_headers(request, extra_headers, drop_headers)
     if body is None:
@@ -158,8 +162,15 @@ async def forward(
         headers[hdrs.CONTENT_LENGTH] = str(body.size)
     url = upstream_url(base_url, path, request.rel_url.raw_query_string if query is None else query)
     try:
-        upstream = await send(session, request.method, url, headers, body, response_header_timeout)
+        sending = send(session, request.method, url, headers, body, response_header_timeout)
+        upstream = await (watchdog.guard(sending) if watchdog is not None else sending)
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        if isinstance(exc, WatchdogExpired):
+            log.warning("%s %s → %s: %s", request.method, request.path, url, exc.message)
+            if response is not None and response.prepared:
+                await _write_quietly(response, sse_error(504, exc.message))
+                return response
+            return error_response(request, 504, exc.message)
         if isinstance(exc, TimeoutError):
             why = f"no response headers within {response_header_timeout:g}s"
         else:
@@ -183,7 +194,8 @@ async def forward(
             if is_event_stream(upstream.headers.get(hdrs.CONTENT_TYPE, "")):
                 response.headers["X-Accel-Buffering"] = "no"
             await response.prepare(request)
-        completed = await _relay_body(request, response, upstream, error_prefix, sse_error)
+            note_answering(request)
+        completed = await _relay_body(request, response, upstream, error_prefix, sse_error, watchdog)
         return response
     except ConnectionResetError:
         # The client left while the answer streamed: closing the upstream request below is what stops the
@@ -203,11 +215,16 @@ async def _relay_body(
     upstream: aiohttp.ClientResponse,
     error_prefix: str,
     sse_error: SseErrorFormatter,
+    watchdog: Watchdog | None = None,
 ) -> bool:
     """Copy the upstream body to the client as it arrives; True when it arrived whole."""
     while True:
         try:
-            chunk = await upstream.content.readany()
+            reading = upstream.content.readany()
+            chunk = await (watchdog.guard(reading) if watchdog is not None else reading)
+        except WatchdogExpired as exc:
+            await _upstream_broke(request, response, exc.message, sse_error, status=504)
+            return False
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             await _upstream_broke(request, response, f"{error_prefix}: the upstream broke off its answer "
                                   f"({describe(exc)})", sse_error)
@@ -221,11 +238,12 @@ async def _relay_body(
 
 
 async def _upstream_broke(
-    request: web.Request, response: web.StreamResponse, message: str, sse_error: SseErrorFormatter
+    request: web.Request, response: web.StreamResponse, message: str, sse_error: SseErrorFormatter,
+    status: int = 502,
 ) -> None:
     log.warning("%s %s: %s", request.method, request.path, message)
     if is_event_stream(response.headers.get(hdrs.CONTENT_TYPE, "")):
-        await _write_quietly(response, sse_error(502, message))
+        await _write_quietly(response, sse_error(status, message))
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
         return

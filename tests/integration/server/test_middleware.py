@@ -35,6 +35,22 @@ async def test_one_access_line_per_request_naming_the_model(serve_config, http, 
     assert '"GET /nope" 404 ' in lines[2]
 
 
+async def test_an_inference_access_line_says_where_its_time_went(serve_config, http, caplog):
+    served = await serve_config(exclusive_config(demo_config("m", "--startup-delay", "0.3")))
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with caplog.at_level(logging.INFO, logger="llmswap.access"):
+        async with http.post(served.at("/v1/chat/completions"), json=body) as resp:
+            assert resp.status == 200
+            await resp.read()
+    line = next(r.getMessage() for r in caplog.records if r.name == "llmswap.access")
+    fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+    assert set(fields) == {"model", "queue", "load", "ttfb", "decode"}
+    load = float(fields["load"].removesuffix("ms"))
+    assert load >= 300.0, "the wait was mostly the model's load (its /health answers 503 for 0.3 s)"
+    assert float(fields["ttfb"].removesuffix("ms")) >= load
+    assert served.router.processes["m"].state is ProcessState.READY
+
+
 async def test_body_over_the_limit_is_413_in_the_envelope(serve_config, http):
     served = await serve_config(exclusive_config(demo_config("m"), max_request_body=1024))
     body = b'{"model": "m", "padding": "' + b"x" * 4096 + b'"}'

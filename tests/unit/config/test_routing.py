@@ -364,3 +364,75 @@ def test_unknown_routing_keys_warn() -> None:
         "config.yaml:7: routing.routers: unknown key, ignored; did you mean 'router'?",
         "config.yaml:9: routing.scheduler.usee: unknown key, ignored; did you mean 'use'?",
     )
+
+
+def test_prioritizer_on_deadline_and_deadline_defaults() -> None:
+    config = load(
+        """\
+models:
+  a: {cmd: "srv --port ${PORT}", deadlineMs: 1500}
+  b: {cmd: "srv --port ${PORT}"}
+apiKeys:
+  - {key: sk-chat, deadlineMs: 800}
+  - sk-plain
+routing:
+  scheduler:
+    settings:
+      prioritizer: lrs
+      onDeadline: reject
+"""
+    )
+    scheduler = config.routing.scheduler
+    assert (scheduler.prioritizer, scheduler.on_deadline) == ("lrs", "reject")
+    assert config.models["a"].deadline_ms == 1500 and config.models["b"].deadline_ms == 0
+    assert [k.deadline_ms for k in config.api_keys] == [800, 0]
+
+
+def test_prioritizer_defaults_to_fcfs_and_ignore() -> None:
+    scheduler = load(MODELS).routing.scheduler
+    assert (scheduler.prioritizer, scheduler.on_deadline) == ("fcfs", "ignore")
+
+
+def test_prioritizer_and_deadline_errors_name_line_key_and_fix() -> None:
+    errors = errors_of(
+        """\
+models:
+  a: {cmd: "srv --port ${PORT}", deadlineMs: -5}
+apiKeys:
+  - {key: sk-chat, deadlineMs: soon}
+routing:
+  scheduler:
+    settings:
+      prioritizer: sjf
+      onDeadline: drop
+"""
+    )
+    assert errors == [
+        "config.yaml:2: models.a.deadlineMs: must be >= 0, got -5; accepted: 0 (no deadline) or milliseconds "
+        "after arrival",
+        'config.yaml:4: apiKeys[0].deadlineMs: must be milliseconds, got "soon"',
+        'config.yaml:8: routing.scheduler.settings.prioritizer: unknown prioritizer "sjf" (valid: fcfs, edf, '
+        'lrs)',
+        'config.yaml:9: routing.scheduler.settings.onDeadline: unknown onDeadline "drop" (valid: ignore, '
+        'reject)',
+    ]
+
+
+def test_watchdog_timeouts_are_read_and_validated() -> None:
+    config = load('models:\n  a:\n    cmd: "srv --port ${PORT}"\n    timeouts: {wall: 600, idle: 30}\n')
+    timeouts = config.models["a"].timeouts
+    assert (timeouts.wall, timeouts.idle) == (600, 30)
+    assert load(MODELS).models["a"].timeouts.wall == 0
+    assert one_error('models:\n  a:\n    cmd: "srv --port ${PORT}"\n    timeouts: {idle: -1}\n') == (
+        "config.yaml:4: models.a.timeouts.idle: must be >= 0, got -1; accepted: 0 (no limit) or seconds"
+    )
+
+
+def test_preempt_below_is_off_unless_set() -> None:
+    assert load(MODELS).routing.scheduler.preempt_below is None
+    config = load(MODELS + "routing:\n  scheduler:\n    settings:\n      preemptBelow: 0\n")
+    assert config.routing.scheduler.preempt_below == 0
+    assert one_error(MODELS + "routing:\n  scheduler:\n    settings:\n      preemptBelow: low\n") == (
+        "config.yaml:9: routing.scheduler.settings.preemptBelow: must be a whole number (requests below "
+        'this priority may be preempted), got "low"'
+    )

@@ -45,9 +45,13 @@ class RequestFactory:
         self._clock = clock
         self._seq = itertools.count(1)
 
-    def make(self, model: str, *, priority: int = 0, api_key: str | None = None) -> HandlerRequest:
+    def make(self, model: str, *, priority: int = 0, api_key: str | None = None,
+             deadline_in: float | None = None) -> HandlerRequest:
+        """`deadline_in`: seconds from now by which it should be served (X-Deadline-Ms / 1000)."""
+        now = self._clock()
         return HandlerRequest(
-            model=model, seq=next(self._seq), arrived=self._clock(), priority=priority, api_key=api_key
+            model=model, seq=next(self._seq), arrived=now, priority=priority, api_key=api_key,
+            deadline=None if deadline_in is None else now + deadline_in,
         )
 
 
@@ -81,6 +85,7 @@ class FakeEffects:
         self.inherited: dict[str, int] = {}  # requests a predecessor router still serves, per model
 
         self.starts: list[SwapPlan] = []
+        self.preempted: list[tuple[HandlerRequest, str]] = []  # preempt calls, in order
         self.aborts: list[str] = []
         self.admitted: list[HandlerRequest] = []
         self.grants: list[Grant] = []
@@ -123,6 +128,10 @@ class FakeEffects:
     def grant_error(self, req: HandlerRequest, err: SchedulerError) -> None:
         self.calls.append(("grant_error", req))
         self.grants.append(Grant(req, req.model, err))
+
+    def preempt(self, req: HandlerRequest, message: str) -> None:
+        self.calls.append(("preempt", req))
+        self.preempted.append((req, message))
 
     def stop_processes(self, models: Sequence[str], timeout: float | None) -> None:
         self.calls.append(("stop_processes", tuple(models)))

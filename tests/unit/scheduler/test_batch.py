@@ -1,7 +1,9 @@
 """BatchScheduler driven event by event against FakeEffects and a manual clock: no loop, no processes.
 
 Unless a test says otherwise every model shares one exclusive slot (one model loaded at a time),
-service times default to 1 s and loads to 5 s until observed.
+service times default to 1 s and loads to 5 s until observed, and every model's clients count as a
+closed loop until measured otherwise (holding pays: `closed=True`); `closed=False` starts from the
+production default, where batch behaves as FIFO until holding is measured to pay.
 """
 
 from __future__ import annotations
@@ -11,7 +13,15 @@ from collections.abc import Mapping, Sequence
 
 from llmswap.config.model import DEFAULT_GROUP_ID, BatchSettings, GroupConfig
 from llmswap.process.state import ProcessState
-from llmswap.scheduler.batch import RULE_DEEPEST, RULE_FREE, RULE_IDLE, RULE_MAX_WAIT, BatchScheduler
+from llmswap.scheduler.arrivals import DEFAULT_CLOSEDNESS, ArrivalRates
+from llmswap.scheduler.batch import (
+    RULE_DEEPEST,
+    RULE_FREE,
+    RULE_IDLE,
+    RULE_MAX_WAIT,
+    RULE_NO_GAIN,
+    BatchScheduler,
+)
 from llmswap.scheduler.errors import ModelNotFound, ModelUnloaded, ShuttingDown, SwapFailed
 from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.idle import GRACE_DEFAULT, GRACE_MIN
@@ -39,6 +49,7 @@ class World:
         priority: Mapping[str, int] | None = None,
         swapper: Swapper | None = None,
         limits: Mapping[str, int] | None = None,
+        closed: bool = True,
     ) -> None:
         states = dict(models) if isinstance(models, Mapping) else dict.fromkeys(models, STOPPED)
         self.clock = ManualClock()
@@ -49,6 +60,7 @@ class World:
             "test", swapper or one_slot(list(states)), self.effects, limits=limits or {},
             settings=self.settings, clock=self.clock,
             times=ServiceTimes(default_service=1.0, default_load=LOAD),
+            rates=ArrivalRates(default_closedness=1.0 if closed else DEFAULT_CLOSEDNESS),
         )
 
     def req(self, model: str, *, priority: int = 0) -> HandlerRequest:
@@ -106,6 +118,55 @@ def test_batch_fifo_would_have_swapped_on_the_same_events():
     w.serve_done(ra)
     assert w.sched._in_flight == {} and w.queued() == ["b"]
     assert w.effects.starts_for("b") == 0  # not idle yet: its client may come back within the grace
+
+
+def test_batch_before_holding_is_measured_to_pay_swaps_when_fifo_would():
+    w = World("ab", closed=False)
+    ra = w.load("a")
+    rb = w.req("b")
+    w.advance(1.0)
+    w.serve_done(ra)
+    plan = w.effects.last_start("b")
+    assert plan is not None and plan.rule == RULE_NO_GAIN and plan.evict == ("a",)
+    assert plan.request_seq == rb.seq
+
+
+def test_batch_without_holding_keeps_serving_the_loaded_models_newcomers_like_fifo():
+    w = World("ab", closed=False)
+    ra = w.load("a")
+    w.req("b")
+    late_a = w.req("a")  # a still has a request in flight: no room is made, as in FIFO
+    assert w.effects.was_served(late_a) and w.effects.starts_for("b") == 0
+    w.advance(1.0)
+    w.serve_done(ra)
+    assert w.effects.starts_for("b") == 0, "a is still serving its newcomer"
+    w.serve_done(late_a)
+    assert w.effects.last_start("b").rule == RULE_NO_GAIN
+
+
+def test_batch_learns_a_closed_loop_and_starts_holding_it():
+    w = World("ab", closed=False)
+    ra, rb = w.load("a"), w.req("b")
+    w.advance(1.0)
+    w.serve_done(ra)  # FIFO's way: b goes at once, a is evicted
+    assert w.effects.last_start("b").rule == RULE_NO_GAIN
+    w.advance(THINK)
+    ra = w.req("a")  # a's client answers 50 ms later, and then waits for a: a closed loop
+    w.advance(LOAD)
+    w.swap_done("b")
+    w.advance(1.0)
+    w.serve_done(rb)
+    w.advance(THINK)
+    rb = w.req("b")
+    assert w.effects.last_start("a").rule == RULE_NO_GAIN
+    w.advance(LOAD)
+    w.swap_done("a")
+    assert w.sched.rates.hold_factor("a", w.clock.now) == 1.0
+    starts = len(w.effects.starts)
+    for _ in range(5):
+        ra = w.agent_turn("a", ra)
+        assert w.effects.was_served(ra), "a measured closed loop keeps its model while b waits"
+    assert len(w.effects.starts) == starts and w.effects.is_pending(rb)
 
 
 def test_batch_idle_model_gives_way_after_its_grace():

@@ -2,6 +2,7 @@
 
 from llmswap.server.middleware import (
     CLIENT_GONE,
+    AccessRecord,
     access_line,
     too_large_message,
 )
@@ -25,3 +26,15 @@ def test_body_limit_is_named_in_mib_when_it_is_whole():
     assert "the 32 MiB llmswap accepts" in too_large_message(32 * 1024 * 1024)
     assert "the 1000 bytes llmswap accepts" in too_large_message(1000)
     assert too_large_message(1024).endswith("raise maxRequestBodySize in the config to allow it")
+
+
+def test_access_line_splits_a_served_request_into_queue_load_ttfb_and_decode():
+    record = AccessRecord(model="qwen", waited=5.5, load=4.0, first_byte=5.75)
+    line = access_line("::1", "POST", "/v1/chat/completions", 200, 7.0, "qwen", record)
+    assert line.endswith(" model=qwen queue=1500.0ms load=4000.0ms ttfb=5750.0ms decode=1250.0ms")
+
+
+def test_access_line_of_a_request_refused_before_its_first_byte_has_no_ttfb():
+    record = AccessRecord(model="qwen", waited=0.25)
+    line = access_line("::1", "POST", "/v1/chat/completions", 504, 1.0, "qwen", record)
+    assert line.endswith(" model=qwen queue=250.0ms load=0.0ms")

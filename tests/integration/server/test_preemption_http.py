@@ -1,0 +1,45 @@
+"""Preemption over HTTP: a low-priority key's streaming answer is cut for an interactive request."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import aiohttp
+import pytest
+
+from llmswap.config.model import ApiKey, SchedulerConfig
+from tests.helpers.models import demo_config, exclusive_config
+from tests.integration.server.conftest import ServeConfig, until
+
+
+async def test_a_low_priority_stream_is_cut_and_the_interactive_request_served(
+    serve_config: ServeConfig, http: aiohttp.ClientSession
+) -> None:
+    config = exclusive_config(demo_config("bg", "--tokens-per-second", "5"), demo_config("chat"),
+                              api_keys=(ApiKey("sk-batch", priority=-5), ApiKey("sk-user")))
+    config = dataclasses.replace(config, routing=dataclasses.replace(
+        config.routing, scheduler=SchedulerConfig(preempt_below=0)))
+    served = await serve_config(config)
+    body = {"model": "bg", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000,
+            "stream": True}
+
+    started = asyncio.Event()
+
+    async def low_priority_stream() -> None:
+        async with http.post(served.at("/v1/chat/completions"), json=body,
+                             headers={"Authorization": "Bearer sk-batch"}) as response:
+            assert response.status == 200
+            async for _ in response.content:
+                started.set()
+
+    streaming = asyncio.create_task(low_priority_stream())
+    await until(started.is_set, what="bg streaming")
+    chat = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with http.post(served.at("/v1/chat/completions"), json=chat,
+                         headers={"Authorization": "Bearer sk-user"}) as response:
+        assert response.status == 200
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await streaming  # cut, never passed off as a complete answer
+    async with http.get(served.at("/metrics"), headers={"Authorization": "Bearer sk-user"}) as response:
+        assert 'llmswap_preemptions_total{reason="higher_priority"} 1.0' in await response.text()
