@@ -33,13 +33,12 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Literal
 
 from llmswap.config.model import ModelConfig
 from llmswap.process.child import Child, spawn_child
 from llmswap.process.durations import format_go_duration
 from llmswap.process.errors import StartAborted, StartFailed
+from llmswap.process.events import ProcessEvent, StopCause
 from llmswap.process.health import health_url, wait_until_healthy
 from llmswap.process.idle import IdleTimer
 from llmswap.process.logring import LogRing
@@ -53,18 +52,6 @@ ABORT_GRACE = 5.0  # grace for a child whose start failed (llama-swap's value), 
 KILL_WAIT = 10.0  # seconds to wait for a SIGKILLed child to be reaped before reporting it stuck
 DRAIN_TIMEOUT = 1.0  # seconds to keep reading output once the child is gone
 TAIL_LINES = 10  # output lines quoted when a child dies
-
-EventKind = Literal["starting", "ready", "start_failed", "stopping", "stopped", "exited", "ttl_expired"]
-
-
-@dataclass(frozen=True)
-class ProcessEvent:
-    model: str
-    kind: EventKind
-    exit_code: int | None = None  # negative: killed by that signal
-    detail: str = ""
-    duration: float | None = None  # for "ready": seconds from spawn to ready
-
 
 class _Outcome(enum.Enum):
     READY = "ready"
@@ -81,18 +68,18 @@ class _Run:
         self.done: asyncio.Future[None] = loop.create_future()
         self.wake = asyncio.Event()  # "something changed": the supervisor re-reads the flags below
         self.stop_requested = False
-        self.stop_reason = ""
+        self.stop_cause = StopCause.REQUESTED
         self.grace = grace  # graceful-stop seconds for the stop under way; a later request may shorten it
         self.child: Child | None = None
         self.output_mark = 0  # LogRing position when this run spawned, to quote only its own output
         self.task: asyncio.Task[None] | None = None
 
-    def request_stop(self, grace: float, reason: str) -> None:
+    def request_stop(self, grace: float, cause: StopCause) -> None:
         if self.stop_requested:
             self.grace = min(self.grace, grace)
         else:
             self.stop_requested = True
-            self.stop_reason = reason
+            self.stop_cause = cause
             self.grace = grace
         self.wake.set()
 
@@ -174,7 +161,7 @@ class Process:
         run = self._run
         if run is None:
             return
-        run.request_stop(self.config.unload_timeout if timeout is None else timeout, "stop requested")
+        run.request_stop(self.config.unload_timeout if timeout is None else timeout, StopCause.REQUESTED)
         await asyncio.shield(run.done)
 
     async def shutdown(self, timeout: float = 1.0) -> None:
@@ -182,7 +169,7 @@ class Process:
         self._closing = True
         run = self._run
         if run is not None:
-            run.request_stop(timeout, "shutdown")
+            run.request_stop(timeout, StopCause.SHUTDOWN)
             await asyncio.shield(run.done)
         self._state = ProcessState.SHUTDOWN
 
@@ -213,13 +200,15 @@ class Process:
         except asyncio.CancelledError:
             # The event loop is being torn down around us: no time left for a graceful stop.
             self._abandon(run)
-            self._end_run(run, ProcessEvent(self.id, "stopped", detail="supervisor cancelled"))
+            self._end_run(run, ProcessEvent(
+                self.id, "stopped", detail="supervisor cancelled", cause=StopCause.INTERNAL))
             raise
         except Exception as exc:
             logger.exception("[%s] process supervisor failed", self.id)
             self._abandon(run)
             run.fail(StartFailed(f"internal error while running {self.id}: {exc!r}"))
-            final = ProcessEvent(self.id, "stopped", detail=f"internal error: {exc!r}")
+            detail = f"internal error: {exc!r}"
+            final = ProcessEvent(self.id, "stopped", detail=detail, cause=StopCause.INTERNAL)
         self._end_run(run, final)
 
     async def _live(self, run: _Run) -> ProcessEvent:
@@ -233,9 +222,10 @@ class Process:
             return self._start_failed(run, error)
         if run.stop_requested:
             self._state = ProcessState.STOPPING
-            self._emit(ProcessEvent(self.id, "stopping", detail="start aborted"))
+            aborted = StopCause.START_ABORTED
+            self._emit(ProcessEvent(self.id, "stopping", detail=aborted.value, cause=aborted))
             run.fail(StartAborted())
-            return ProcessEvent(self.id, "stopped", detail="start aborted")
+            return ProcessEvent(self.id, "stopped", detail=aborted.value, cause=aborted)
 
         run.output_mark = self.logs.total
         logger.info("[%s] starting: %s", self.id, shlex.join(argv))
@@ -310,19 +300,20 @@ class Process:
                 detail = f"idle for {format_go_duration(self.config.ttl)} (ttl)"
                 logger.info("[%s] unloading: %s", self.id, detail)
                 self._emit(ProcessEvent(self.id, "ttl_expired", detail=detail))
-                run.request_stop(self.config.unload_timeout, "ttl expired")
+                run.request_stop(self.config.unload_timeout, StopCause.TTL)
                 continue
             await self._sleep(run, None if deadline is None else deadline - now, child.exited)
 
     async def _stop(self, run: _Run, child: Child) -> ProcessEvent:
         aborting = not run.ready.done()
-        reason = "start aborted" if aborting else run.stop_reason
+        cause = StopCause.START_ABORTED if aborting else run.stop_cause
+        reason = cause.value
         self._state = ProcessState.STOPPING
-        self._emit(ProcessEvent(self.id, "stopping", detail=reason))
+        self._emit(ProcessEvent(self.id, "stopping", detail=reason, cause=cause))
         await self._terminate(run, child)
         run.fail(StartAborted())
         logger.info("[%s] stopped (%s, %s)", self.id, reason, describe_exit(child.returncode))
-        return ProcessEvent(self.id, "stopped", exit_code=child.returncode, detail=reason)
+        return ProcessEvent(self.id, "stopped", exit_code=child.returncode, detail=reason, cause=cause)
 
     async def _exited(self, run: _Run, child: Child) -> ProcessEvent:
         exit_code = child.returncode

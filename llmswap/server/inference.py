@@ -9,7 +9,6 @@ whole request runs under `proxy.while_connected`: a client that hangs up while q
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlencode
@@ -17,12 +16,12 @@ from urllib.parse import urlencode
 from aiohttp import hdrs, web
 
 from llmswap.config.model import ModelConfig, PeerConfig
+from llmswap.dispatch.filters import FilterPlan, apply_plan, local_plan, plan_for
 from llmswap.process.state import ProcessState
 from llmswap.router import BaseRouter
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.server import middleware
 from llmswap.server.errors import error_response, scheduler_error_response
-from llmswap.server.filters import FilterPlan, apply_plan, plan_for
 from llmswap.server.loading import LoadingFeedback, StreamDialect, dialect_for
 from llmswap.server.peers import forward_to_peer, resolve_peer
 from llmswap.server.proxy import (
@@ -30,8 +29,8 @@ from llmswap.server.proxy import (
     Body,
     SplicedBody,
     close_upstream_pool,
+    dispatcher,
     forward,
-    upstream_pool,
     while_connected,
 )
 from llmswap.server.resolve import Identified, MalformedRequest, encode_form_value, identify
@@ -211,26 +210,26 @@ async def _serve_local(
             feedback.start()
 
     key = request_api_key(request)
-    asked = time.monotonic()
     try:
-        async with router.acquire(
+        async with dispatcher(server).lease(
             model.id,
+            origin="http",
+            router=router,
             priority=incoming.priority,
             api_key=key.key if key is not None else None,
             on_admitted=on_admitted,
             on_position=on_position,
-        ) as process:
-            middleware.note_wait(request, time.monotonic() - asked)
+        ) as lease:
+            middleware.note_wait(request, lease.waited)
             loading_response = await feedback.finish() if feedback is not None else None
-            upstream = process.config
             return await forward(
                 request,
-                base_url=upstream.proxy,
+                base_url=lease.config.proxy,
                 path=incoming.route.upstream_path,
-                session=upstream_pool(server).session(upstream.id, upstream.timeouts),
+                session=lease.session,
                 body=body,
                 response=loading_response,
-                response_header_timeout=upstream.timeouts.response_header,
+                response_header_timeout=lease.response_header_timeout,
                 sse_error=incoming.dialect.error,
             )
     except SchedulerError as err:
@@ -258,10 +257,6 @@ async def _serve_peer(
 
 
 # -------------------------------------------------------------------------------- body rewriting
-
-
-def local_plan(model: ModelConfig, requested: str) -> FilterPlan:
-    return plan_for(model.filters, requested, model=model.use_model_name or None)
 
 
 def outgoing_body(raw: bytearray, found: Identified, plan: FilterPlan) -> Body:

@@ -1,8 +1,8 @@
 """Forwarding one HTTP request to an upstream and relaying its answer as it arrives.
 
-Owns the upstream connection pool (one keep-alive `aiohttp.ClientSession` per upstream), `forward` (the
-request out, the response back, byte for byte and unbuffered), what a client sees when the upstream fails
-before or during the answer, and noticing a client that hung up while its request waits or streams.
+Owns the server's handle on the upstream pool (`llmswap.dispatch.pool`), `forward` (the request out, the
+response back, byte for byte and unbuffered), what a client sees when the upstream fails before or during
+the answer, and noticing a client that hung up while its request waits or streams.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 from yarl import URL
 
-from llmswap.config.model import Timeouts
+from llmswap.dispatch import Dispatcher, UpstreamPool
 from llmswap.server.errors import error_body, error_response
 from llmswap.server.middleware import note_first_byte
 from llmswap.server.state import STATE, ServerState
@@ -50,6 +50,7 @@ DISCONNECT_POLL = 0.1  # seconds between checks that the client is still connect
 _ERROR_BODY_LIMIT = 64 * 1024
 
 UPSTREAMS_KEY = "upstreams"  # ServerState.extras key of the pool
+DISPATCHER_KEY = "dispatcher"  # ServerState.extras key of the dispatcher
 
 SseErrorFormatter = Callable[[int, str], bytes]
 
@@ -62,57 +63,19 @@ def openai_sse_error(status: int, message: str) -> bytes:
 # -------------------------------------------------------------------------------- connection pool
 
 
-class UpstreamPool:
-    """One keep-alive `ClientSession` per upstream (a model id, or `peer:<id>`) and transport settings."""
-
-    def __init__(self) -> None:
-        self._sessions: dict[tuple[str, Timeouts], aiohttp.ClientSession] = {}
-        self._closed = False
-
-    def session(self, key: str, timeouts: Timeouts) -> aiohttp.ClientSession:
-        if self._closed:
-            raise RuntimeError("the upstream pool is closed (the server is shutting down)")
-        # Keyed by the timeouts too: a reload that changes them gets a fresh session while requests on the
-        # old one finish undisturbed.
-        session = self._sessions.get((key, timeouts))
-        if session is None or session.closed:
-            session = _new_session(timeouts)
-            self._sessions[(key, timeouts)] = session
-        return session
-
-    def keys(self) -> list[str]:
-        return sorted({key for key, _ in self._sessions})
-
-    async def close(self) -> None:
-        self._closed = True
-        sessions, self._sessions = list(self._sessions.values()), {}
-        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
-
-
-def _new_session(timeouts: Timeouts) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(
-        limit=0,  # the scheduler's concurrencyLimit bounds requests per model, not the pool
-        keepalive_timeout=timeouts.idle_conn or None,
-        enable_cleanup_closed=False,
-    )
-    timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=timeouts.connect or None)
-    return aiohttp.ClientSession(
-        connector=connector,
-        timeout=timeout,
-        # Bytes pass through as the upstream encoded them (its Content-Encoding goes along with them).
-        auto_decompress=False,
-        # A shared session must not carry one client's cookies into another client's request.
-        cookie_jar=aiohttp.DummyCookieJar(),
-        # Send exactly the client's headers: no User-Agent, Accept or Accept-Encoding of aiohttp's own.
-        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-        trust_env=False,
-    )
-
-
 def upstream_pool(app_or_state: web.Application | ServerState) -> UpstreamPool:
     """The server's pool, created on first use and kept in `state.extras["upstreams"]` (closed on cleanup)."""
     server_state = app_or_state[STATE] if isinstance(app_or_state, web.Application) else app_or_state
     return server_state.extra(UPSTREAMS_KEY, UpstreamPool, UpstreamPool)
+
+
+def dispatcher(app_or_state: web.Application | ServerState) -> Dispatcher:
+    """The server's dispatch path (over its pool and its live router), made on first use."""
+    server_state = app_or_state[STATE] if isinstance(app_or_state, web.Application) else app_or_state
+    def make() -> Dispatcher:
+        return Dispatcher(upstream_pool(server_state), lambda: server_state.router)
+
+    return server_state.extra(DISPATCHER_KEY, Dispatcher, make)
 
 
 async def close_upstream_pool(app: web.Application) -> None:

@@ -20,8 +20,11 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
+from llmswap.config.model import Config, TasksConfig
+from llmswap.dispatch import Dispatcher
 from llmswap.tasks import batch_store as store
 from llmswap.tasks.batch_input import (
     COMPLETION_WINDOWS,
@@ -43,10 +46,7 @@ from llmswap.tasks.db import (
     insert_tasks,
     job_tasks,
 )
-
-if TYPE_CHECKING:
-    from llmswap.config.model import Config
-    from llmswap.tasks.service import TaskService
+from llmswap.tasks.scheduler import TaskScheduler
 
 log = logging.getLogger("llmswap.tasks.batches")
 
@@ -76,10 +76,22 @@ class BatchView:
         return self.batch.as_openai(self.counts)
 
 
+class BatchHost(Protocol):
+    """What the Batch API needs of the task service it runs on (`llmswap.tasks.service.TaskService`)."""
+
+    db: Path
+    tasks: TasksConfig
+    dispatcher: Dispatcher
+
+    @property
+    def scheduler(self) -> TaskScheduler: ...
+    def add_batch_types(self, types: Mapping[str, str]) -> None: ...
+
+
 class Batches:
     """The Batch API of one TaskService. Methods touching the database block: call them off the loop."""
 
-    def __init__(self, service: TaskService) -> None:
+    def __init__(self, service: BatchHost) -> None:
         self.service = service
         self.db = service.db
         # The poll loop and a cancel may both find a batch done: one of them writes its files.
@@ -210,21 +222,17 @@ class Batches:
 
     async def run(self, row: TaskRow) -> dict[str, Any]:
         """Send one request of a batch through the router; its status and body, whatever the status."""
-        from llmswap.server.filters import apply_plan
-        from llmswap.server.inference import local_plan
-
         params: Mapping[str, Any] = row.params if isinstance(row.params, dict) else {}
         model = row.task_type[len(store.BATCH_TYPE_PREFIX):]
         body = dict(params.get("body") or {})
         if "stream" in body:
             body["stream"] = False  # a batch stores whole answers
         requested = str(params.get("model") or model)
-        service = self.service
-        async with service.router_of().acquire(model, priority=service.tasks.priority) as process:
-            body, _ = apply_plan(body, local_plan(process.config, requested))
-            url = process.config.proxy.rstrip("/") + str(params.get("url") or "/v1/chat/completions")
-            async with service.http_session().post(url, json=body) as response:
-                status, text = response.status, await response.text()
+        path = str(params.get("url") or "/v1/chat/completions")
+        answer = await self.service.dispatcher.post_json(
+            model, path, body, requested=requested, origin="batch", priority=self.service.tasks.priority
+        )
+        status, text = answer.status, answer.text
         try:
             parsed: Any = json.loads(text)
         except ValueError:

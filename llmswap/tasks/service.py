@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from llmswap.config.model import Config, TasksConfig
+from llmswap.dispatch import Dispatcher, UpstreamUnreachable
 from llmswap.tasks.batch_store import BATCH_TYPE_PREFIX, batch_types_queued, init_batch_tables
 from llmswap.tasks.batches import Batches
 from llmswap.tasks.db import (
@@ -110,6 +109,7 @@ class TaskService:
         self,
         config: Config,
         router_of: Callable[[], Any],
+        dispatcher: Dispatcher,
         loop: asyncio.AbstractEventLoop,
         *,
         poll_interval: float = 1.0,
@@ -118,9 +118,9 @@ class TaskService:
         self.tasks: TasksConfig = config.tasks
         self.db: Path = self.tasks.db
         self._router_of = router_of
+        self.dispatcher = dispatcher
         self._loop = loop
         self._poll_interval = poll_interval
-        self._session: aiohttp.ClientSession | None = None
         self._scheduler: TaskScheduler | None = None
         self._poller: asyncio.Task[None] | None = None
         # Guards the task types and budgets: a reload changes them on the event loop, a batch being
@@ -205,12 +205,6 @@ class TaskService:
     def router_of(self) -> Any:
         return self._router_of()
 
-    def http_session(self) -> aiohttp.ClientSession:
-        """One session for every request a task sends (made on the event loop, on first use)."""
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
-        return self._session
-
     async def shutdown(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
@@ -218,8 +212,6 @@ class TaskService:
         if self._scheduler is not None:
             # Workers may be blocked on requests that this loop must finish: stop them off the loop.
             await asyncio.to_thread(self._scheduler.shutdown, 5.0)
-        if self._session is not None:
-            await self._session.close()
 
     @property
     def scheduler(self) -> TaskScheduler:
@@ -286,9 +278,6 @@ class TaskService:
         return future.result()
 
     async def _run(self, row: TaskRow) -> Any:
-        from llmswap.server.filters import apply_plan
-        from llmswap.server.inference import local_plan
-
         if row.task_type.startswith(BATCH_TYPE_PREFIX):
             return await self.batches.run(row)
 
@@ -301,18 +290,19 @@ class TaskService:
         requested = str(body.get("model") or task_type.model)
         body["model"] = requested
         body["stream"] = False
-        router = self._router_of()
-        async with router.acquire(task_type.model, priority=self.tasks.priority) as process:
-            body, _ = apply_plan(body, local_plan(process.config, requested))
-            async with self.http_session().post(process.config.proxy.rstrip("/") + path, json=body) as resp:
-                text = await resp.text()
-                if resp.status != 200:
-                    raise TaskError(f"{task_type.model} answered {resp.status}: {text[:500]}")
         try:
-            json.loads(text)
+            answer = await self.dispatcher.post_json(
+                task_type.model, path, body, requested=requested, origin="task", priority=self.tasks.priority
+            )
+        except UpstreamUnreachable as exc:
+            raise TaskError(str(exc)) from exc
+        if answer.status != 200:
+            raise TaskError(f"{task_type.model} answered {answer.status}: {answer.text[:500]}")
+        try:
+            json.loads(answer.text)
         except ValueError as exc:
-            raise TaskError(f"{task_type.model} answered non-JSON: {text[:200]}") from exc
-        return text
+            raise TaskError(f"{task_type.model} answered non-JSON: {answer.text[:200]}") from exc
+        return answer.text
 
 
 def _capacity_text(capacity: Capacity) -> str:
