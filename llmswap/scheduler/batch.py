@@ -36,13 +36,13 @@ Timers (deadlines, ends of minimum residency, ends of idle grace, queue timeouts
 
 from __future__ import annotations
 
-import bisect
 import logging
 from collections.abc import Mapping, Sequence
 
 from llmswap.config.model import EMPTY, AdmissionConfig, BatchSettings
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.batch_plan import Contender, by_choice, by_deadline, can_go_first, latest_starts
+from llmswap.scheduler.books import Verdict
 from llmswap.scheduler.core import QueueScheduler
 from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.idle import ClientGaps
@@ -89,7 +89,7 @@ class BatchScheduler(QueueScheduler):
     # ----------------------------------------------------------------------------- policy hooks
 
     def _accept(self, req: HandlerRequest) -> None:
-        bisect.insort(self._queue, req, key=self._queue_key)
+        self._enqueue(req)
         self._drain()
 
     def _drain(self) -> None:
@@ -108,7 +108,7 @@ class BatchScheduler(QueueScheduler):
         return self._wake
 
     def _arrived(self, req: HandlerRequest) -> None:
-        quiet = not self._in_flight.get(req.model) and not any(w.model == req.model for w in self._waiters())
+        quiet = not self._in_flight_of(req.model) and not any(w.model == req.model for w in self._waiters())
         self.gaps.arrived(req.model, self._clock(), quiet=quiet)
 
     def _loaded(self, model: str, duration: float) -> None:
@@ -125,18 +125,13 @@ class BatchScheduler(QueueScheduler):
 
     def _serve_round(self) -> bool:
         """Serve, join or freely start what can go without evicting anyone; True if anything moved."""
-        if not self._queue:
-            return False
-        remaining = [req for req in self._queue if not self._place(req)]
-        moved = len(remaining) != len(self._queue)
-        self._queue = remaining
-        return moved
+        return self._place_queued(self._place)
 
     def _place(self, req: HandlerRequest) -> bool:
         """Serve, join, start a swap for, or fail `req`. False: it waits, and its model contends."""
         prepared = self._prepare(req)
-        if isinstance(prepared, bool):
-            return prepared
+        if prepared.verdict is not Verdict.DECIDE:
+            return prepared.verdict is Verdict.HANDLED
         state, running, evict = prepared.state, prepared.running, prepared.evict
         if evict or self._collides(req.model, evict):
             return False
@@ -215,14 +210,14 @@ class BatchScheduler(QueueScheduler):
         still serving. Under deadline pressure a victim must only be past its minimum residency
         (or idle); otherwise every victim must be idle.
         """
-        if model in self._active or self._stopping.get(model):
+        if self._loading(model) or self._unloading(model):
             return False
         if not evict and self._effects.model_state(model) is ProcessState.READY:
             return False  # loaded already: it only waits for its own turn to serve again
         if self._collides(model, evict):
             return False
         for v in evict:
-            if self._stopping.get(v) or self._in_flight.get(v, 0) > 0:
+            if self._unloading(v) or self._in_flight_of(v) > 0:
                 return False
             if pressed and self._protected(v, now):
                 return False
@@ -232,8 +227,8 @@ class BatchScheduler(QueueScheduler):
 
     def _commit(self, c: Contender, evict: Sequence[str], rule: str, contenders: Mapping[str, Contender],
                 now: float) -> None:
-        req = min((r for r in self._queue if r.model == c.model), key=self._queue_key)
-        self._queue.remove(req)
+        req = min((r for r in self._queued() if r.model == c.model), key=self._queue_key)
+        self._dequeue(req)
         queues = ", ".join(
             f"{o.model}={o.depth} (oldest {now - o.oldest:.1f}s)"
             for o in sorted(contenders.values(), key=lambda o: o.model)
@@ -246,14 +241,14 @@ class BatchScheduler(QueueScheduler):
 
     def _contenders(self) -> dict[str, Contender]:
         groups: dict[str, list[HandlerRequest]] = {}
-        for req in self._queue:
+        for req in self._queued():
             groups.setdefault(req.model, []).append(req)
         return {
             model: Contender(
                 model=model,
                 depth=len(reqs),
                 oldest=min(r.arrived for r in reqs),
-                model_priority=self._priority.get(model, 0),
+                model_priority=self._model_priority(model),
                 request_priority=max(r.priority for r in reqs),
                 slot=self._slot(model),
             )
@@ -277,9 +272,7 @@ class BatchScheduler(QueueScheduler):
 
     def _idle(self, model: str, now: float) -> bool:
         """Nothing in flight or waiting, not loading, and the grace after its last request is over."""
-        if self._in_flight.get(model) or model in self._active:
-            return False
-        if any(r.model == model for r in self._queue):
+        if self._in_flight_of(model) or self._loading(model) or self._queued_for(model):
             return False
         quiet_from = self.gaps.quiet_from(model)
         return quiet_from is None or now >= quiet_from
@@ -293,7 +286,7 @@ class BatchScheduler(QueueScheduler):
 
     def _quiet_wakes(self, model: str) -> list[float]:
         """When `model` may turn idle without any event: the end of its grace, if nothing else holds it."""
-        if self._in_flight.get(model) or model in self._active or any(r.model == model for r in self._queue):
+        if self._in_flight_of(model) or self._loading(model) or self._queued_for(model):
             return []
         quiet_from = self.gaps.quiet_from(model)
         return [] if quiet_from is None else [quiet_from]
