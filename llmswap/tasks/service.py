@@ -219,7 +219,7 @@ class TaskService:
             raise RuntimeError("task service not started")
         return self._scheduler
 
-    # ------------------------------------------------------------------ API (event-loop side)
+    # ------------------------------------------------------------------ API (blocking: call it off the loop)
 
     def submit(self, task_type: str, job_id: int | None, params: Any) -> tuple[int, bool]:
         if task_type not in self.tasks.types:
