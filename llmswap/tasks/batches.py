@@ -36,6 +36,7 @@ from llmswap.tasks.batch_input import (
     parse_input,
     unanswered,
 )
+from llmswap.tasks.batching import TaskScheduler
 from llmswap.tasks.db import (
     CANCELLED_ERROR,
     INTERRUPTED_ERROR,
@@ -46,7 +47,6 @@ from llmswap.tasks.db import (
     insert_tasks,
     job_tasks,
 )
-from llmswap.tasks.scheduler import TaskScheduler
 
 log = logging.getLogger("llmswap.tasks.batches")
 

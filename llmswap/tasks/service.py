@@ -24,6 +24,7 @@ from llmswap.config.model import Config, TasksConfig
 from llmswap.dispatch import Dispatcher, UpstreamUnreachable
 from llmswap.tasks.batch_store import BATCH_TYPE_PREFIX, batch_types_queued, init_batch_tables
 from llmswap.tasks.batches import Batches
+from llmswap.tasks.batching import TaskScheduler
 from llmswap.tasks.db import (
     TaskRow,
     TaskStatus,
@@ -34,8 +35,8 @@ from llmswap.tasks.db import (
     reset_running_tasks,
     task_stats,
 )
+from llmswap.tasks.defaults import BYTES_PER_GB
 from llmswap.tasks.execution import make_run_task
-from llmswap.tasks.scheduler import BYTES_PER_GB, TaskScheduler
 
 log = logging.getLogger("llmswap.tasks")
 
