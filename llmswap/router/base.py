@@ -17,7 +17,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from llmswap.config.model import Config, ModelConfig
@@ -46,6 +46,7 @@ from llmswap.router.types import (
 from llmswap.router.types import SwapFinished as SwapFinished
 from llmswap.router.types import SwapStarted as SwapStarted
 from llmswap.scheduler.errors import ShuttingDown
+from llmswap.scheduler.fit import fit_together as swapper_fits
 from llmswap.scheduler.types import (
     HandlerRequest,
     ProcessStopped,
@@ -55,6 +56,7 @@ from llmswap.scheduler.types import (
     ServeDone,
     StopDone,
     SwapDone,
+    Swapper,
     Unload,
 )
 
@@ -63,6 +65,8 @@ log = logging.getLogger("llmswap.router")
 
 class BaseRouter(RouterEffects):
     """Process machinery + run loop. Concrete routers only choose the swapper and scheduler (`factory`)."""
+
+    swapper: Swapper | None = None  # the eviction policy, set by each concrete router
 
     def __init__(
         self,
@@ -272,6 +276,10 @@ class BaseRouter(RouterEffects):
 
     def snapshot(self) -> SchedulerSnapshot:
         return self.scheduler.snapshot()
+
+    def fit_together(self, models: Collection[str]) -> bool:
+        """Whether `models` may all run at once by this router's eviction policy (read only)."""
+        return len(set(models)) <= 1 if self.swapper is None else swapper_fits(self.swapper, models)
 
     def model_extras(self, model: str) -> dict[str, Any]:
         """Router-specific facts about a model for /running and /v1/models (vram: its footprint)."""

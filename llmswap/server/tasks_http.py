@@ -69,7 +69,7 @@ async def submit(request: web.Request) -> web.Response:
     if not isinstance(params, dict):
         return error_response(request, 400, '"params" must be an object: the OpenAI request body to send')
     try:
-        task_id, is_new = await asyncio.to_thread(service.submit, body["type"], job_id, params)
+        task_id, is_new = await service.submit(body["type"], job_id, params)
     except UnknownTaskType as exc:
         return error_response(request, 400, str(exc))
     row = await asyncio.to_thread(get_task, service.db, task_id)
@@ -113,7 +113,7 @@ async def cancel(request: web.Request) -> web.Response:
     if service is None:
         return _not_configured(request)
     task_id = int(request.match_info["task_id"])
-    if await asyncio.to_thread(service.cancel, task_id):
+    if await service.cancel(task_id):
         row = await asyncio.to_thread(get_task, service.db, task_id)
         return web.json_response(row_json(row) if row is not None else {"id": task_id})
     row = await asyncio.to_thread(get_task, service.db, task_id)
@@ -128,5 +128,5 @@ async def stats(request: web.Request) -> web.Response:
     service = _service(request)
     if service is None:
         return _not_configured(request)
-    body: dict[str, Any] = await asyncio.to_thread(service.stats)
+    body: dict[str, Any] = await service.stats()
     return web.Response(text=json.dumps(body), content_type="application/json")

@@ -36,7 +36,6 @@ from llmswap.tasks.batch_input import (
     parse_input,
     unanswered,
 )
-from llmswap.tasks.batching import TaskScheduler
 from llmswap.tasks.db import (
     CANCELLED_ERROR,
     INTERRUPTED_ERROR,
@@ -83,9 +82,9 @@ class BatchHost(Protocol):
     tasks: TasksConfig
     dispatcher: Dispatcher
 
-    @property
-    def scheduler(self) -> TaskScheduler: ...
     def add_batch_types(self, types: Mapping[str, str]) -> None: ...
+    def enqueue_threadsafe(self, task_id: int, task_type: str, job_id: int) -> None: ...
+    def discard_threadsafe(self, task_id: int) -> None: ...
 
 
 class Batches:
@@ -140,7 +139,7 @@ class Batches:
         resolved = {line.model: config.real_model_name(line.model) for line in lines}
         known = {model for model in resolved.values() if model is not None}
         types = {f"{store.BATCH_TYPE_PREFIX}{model}": model for model in known}
-        # The types first: the scheduler then accepts the rows, and a restart meanwhile loads them back.
+        # The types first: the lanes then accept the rows, and a restart meanwhile loads them back.
         self.service.add_batch_types(types)
         rows = [
             (f"{store.BATCH_TYPE_PREFIX}{resolved[line.model] or line.model}", batch.seq,
@@ -148,13 +147,12 @@ class Batches:
             for line in lines
         ]
         ids = insert_tasks(self.db, rows)
-        scheduler = self.service.scheduler
-        for task_id, line, (task_type, _, params) in zip(ids, lines, rows, strict=True):
+        for task_id, line, (task_type, _, _) in zip(ids, lines, rows, strict=True):
             if resolved[line.model] is None:
                 why = f"{_MODEL_NOT_FOUND}: no model or alias {line.model!r} in this config"
                 fail_unfinished_task(self.db, task_id, why)
             else:
-                scheduler.enqueue(task_id, task_type, batch.seq, params, bounded=False)
+                self.service.enqueue_threadsafe(task_id, task_type, batch.seq)
         log.info("batch %s: %d request(s) queued for %s", batch.id, len(lines), sorted(set(types.values())))
 
     def view(self, batch: store.StoredBatch) -> BatchView:
@@ -193,7 +191,7 @@ class Batches:
     def _drop_queued(self, batch: store.StoredBatch, error: str) -> None:
         for row in job_tasks(self.db, batch.seq, store.BATCH_TYPE_PREFIX, TaskStatus.QUEUED.value):
             if cancel_task(self.db, row.id, error=error):
-                self.service.scheduler.discard(row.id)
+                self.service.discard_threadsafe(row.id)
 
     def _finish_if_done(self, batch: store.StoredBatch) -> None:
         expires_at = batch.times.get("expires_at")
