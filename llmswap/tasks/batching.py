@@ -5,9 +5,10 @@ batch worker for every type with work, deepest queue first, while the budgets of
 the available VRAM. A batch worker runs its type's tasks one at a time until the deque is empty, so a
 model is loaded once per batch instead of once per task, and tasks queued meanwhile join the batch.
 
-Threads, not asyncio: the API must stay callable from synchronous apps (Streamlit, scripts), and a worker
-blocking on one task is exactly the serial batch we want. `_lock` guards all mutable state; the database
-(see `db.py`) is the record of each task's status, the deques only order the queued LLM rows.
+The synchronous adapter's engine (a server runs `tasks:` on asyncio lanes over its router: `lanes.py`).
+Threads: the API must stay callable from synchronous apps, and a worker blocking on one task is the batch.
+`_lock` guards all mutable state; the database (see `db.py`) is the record of each task's status, the
+deques only order the queued LLM rows.
 """
 
 from __future__ import annotations
