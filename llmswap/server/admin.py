@@ -18,7 +18,7 @@ from aiohttp import web
 from llmswap import __version__
 from llmswap.config.model import Capabilities, Config, ModelConfig
 from llmswap.process.state import ProcessState
-from llmswap.router.types import ProcessLike
+from llmswap.router.base import ProcessLike
 from llmswap.scheduler.types import SchedulerSnapshot
 from llmswap.server.errors import error_response
 from llmswap.server.middleware import note_model
