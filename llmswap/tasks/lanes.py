@@ -38,6 +38,16 @@ log = logging.getLogger("llmswap.tasks")
 RunOne = Callable[[TaskRow], Awaitable[Any]]
 
 
+def log_failure(what: str) -> Callable[[asyncio.Future[Any]], None]:
+    """A done-callback that logs the error of background work nobody awaits."""
+
+    def done(future: asyncio.Future[Any]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            log.error("tasks: %s failed: %r", what, future.exception())
+
+    return done
+
+
 @dataclass(frozen=True, slots=True)
 class Queued:
     id: int
@@ -206,9 +216,7 @@ class TaskLanes:
             log.exception("tasks: running task %d (%s) failed", item.id, task_type)
 
     def _background(self, work: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(work)
-        task.add_done_callback(lambda t: t.cancelled() or (t.exception() and log.error(
-            "tasks: a database write failed: %r", t.exception())))
+        asyncio.ensure_future(work).add_done_callback(log_failure("a database write"))
 
     # ------------------------------------------------------------------ shutdown
 

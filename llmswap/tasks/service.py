@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from llmswap.tasks.db import (
     reset_running_tasks,
     task_stats,
 )
-from llmswap.tasks.lanes import TaskLanes
+from llmswap.tasks.lanes import TaskLanes, log_failure
 
 log = logging.getLogger("llmswap.tasks")
 
@@ -114,10 +114,8 @@ class TaskService:
         self._poller = self._loop.create_task(self._poll_database(), name="tasks-db-poll")
         log.info("tasks: %s, types %s", self.db, sorted(self.tasks.types))
 
-    def _after(self, work: Any) -> None:
-        task = self._loop.create_task(work)
-        task.add_done_callback(lambda t: t.cancelled() or (t.exception() and log.error(
-            "tasks: updating the task types failed: %r", t.exception())))
+    def _after(self, work: Coroutine[Any, Any, None]) -> None:
+        self._loop.create_task(work).add_done_callback(log_failure("loading the queued tasks"))
 
     def reconfigure(self, config: Config) -> None:
         """Follow a reloaded config (see the class docstring)."""
