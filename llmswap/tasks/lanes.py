@@ -38,6 +38,11 @@ log = logging.getLogger("llmswap.tasks")
 RunOne = Callable[[TaskRow], Awaitable[Any]]
 
 
+class LaneBroken(Exception):
+    """Raised by a lane's task runner when the lane cannot go on (its worker died): the lane ends, and
+    its queue starts a new one (a new batch) if anything is left."""
+
+
 def log_failure(what: str) -> Callable[[asyncio.Future[Any]], None]:
     """A done-callback that logs the error of background work nobody awaits."""
 
@@ -52,6 +57,10 @@ def log_failure(what: str) -> Callable[[asyncio.Future[Any]], None]:
 class Queued:
     id: int
     job_id: int
+    params: Any = None
+
+
+RunItem = Callable[[str, Queued], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -67,14 +76,18 @@ class TaskLanes:
     def __init__(
         self,
         db: Path,
-        run_one: RunOne,
+        run_item: RunItem,
         *,
         model_of: Callable[[str], str | None],
         fits: Callable[[Collection[str]], bool],
         max_queue_depth: int,
+        on_lane_end: Callable[[str], None] | None = None,
+        running: bool = True,
     ) -> None:
         self.db = db
-        self._run_one = run_one
+        self._run_item = run_item
+        self._on_lane_end = on_lane_end
+        self._running = running  # False until `begin()`: tasks queue, no lane starts
         self._model_of = model_of
         self._fits = fits
         self.max_queue_depth = max_queue_depth
@@ -113,11 +126,22 @@ class TaskLanes:
             return
         rows = await asyncio.to_thread(queued_tasks, self.db, set(types))
         for row in rows:
-            self.enqueue(row.id, row.task_type, row.job_id, bounded=False)
+            self.enqueue(row.id, row.task_type, row.job_id, row.params, bounded=False)
 
     # ------------------------------------------------------------------ queueing
 
-    def enqueue(self, task_id: int, task_type: str, job_id: int, *, bounded: bool = True) -> bool:
+    def begin(self) -> None:
+        """Start the lanes of what is queued (for an engine built before its loop ran)."""
+        self._running = True
+        self._start_lanes()
+
+    def kick(self) -> None:
+        """Look again at the waiting types: the room beside the running lanes may have changed."""
+        self._start_lanes()
+
+    def enqueue(
+        self, task_id: int, task_type: str, job_id: int, params: Any = None, *, bounded: bool = True
+    ) -> bool:
         """Queue a task whose row is already in the database; False when it was not queued.
 
         Past the max queue depth the task is dropped and its row failed "Queue depth limit reached";
@@ -133,7 +157,7 @@ class TaskLanes:
                         task_type, self.max_queue_depth, task_id)
             self._background(asyncio.to_thread(fail_unfinished_task, self.db, task_id, QUEUE_FULL_ERROR))
             return False
-        queue.append(Queued(task_id, job_id))
+        queue.append(Queued(task_id, job_id, params))
         self._queued_ids.add(task_id)
         self._start_lanes()
         return True
@@ -153,6 +177,20 @@ class TaskLanes:
     def pending_ids(self) -> set[int]:
         return set(self._queued_ids)
 
+    def pending(self, task_type: str) -> tuple[int, ...]:
+        return tuple(item.id for item in self._queues.get(task_type, ()))
+
+    def depth(self, task_type: str) -> int:
+        return len(self._queues.get(task_type, ()))
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def stop(self) -> None:
+        """Take no new work: each lane ends after the task in hand."""
+        self._stopping = True
+
     def snapshot(self) -> LanesSnapshot:
         return LanesSnapshot(
             queue_depths={t: len(q) for t, q in self._queues.items() if q},
@@ -163,7 +201,7 @@ class TaskLanes:
     # ------------------------------------------------------------------ lanes
 
     def _start_lanes(self) -> None:
-        if self._stopping:
+        if self._stopping or not self._running:
             return
         waiting = sorted(
             (t for t, q in self._queues.items() if q and t not in self._active),
@@ -189,31 +227,14 @@ class TaskLanes:
                     break
                 item = queue.popleft()
                 self._queued_ids.discard(item.id)
-                await self._run(item, task_type)
+                await self._run_item(task_type, item)
+        except LaneBroken:
+            log.warning("tasks: the %s batch broke off; what is left starts a new one", task_type)
         finally:
             self._active.pop(task_type, None)
+            if self._on_lane_end is not None:
+                self._on_lane_end(task_type)
             self._start_lanes()
-
-    async def _run(self, item: Queued, task_type: str) -> None:
-        """Claim the row, run it, record the outcome; a task that fails never stops its lane."""
-        try:
-            row = await asyncio.to_thread(claim_task, self.db, item.id)
-            if row is None:
-                log.info("task %d (%s) is no longer queued; not running it", item.id, task_type)
-                return
-            try:
-                result = await self._run_one(row)
-            except Exception as exc:
-                log.warning("task %d (%s, job %d) failed: %s", item.id, task_type, item.job_id, exc)
-                await asyncio.to_thread(finish_task, self.db, item.id, TaskStatus.FAILED,
-                                        error=f"{type(exc).__name__}: {exc}")
-                return
-            text = result if result is None or isinstance(result, str) else json.dumps(result)
-            if not await asyncio.to_thread(finish_task, self.db, item.id, TaskStatus.COMPLETED, result=text):
-                log.warning("task %d (%s) finished after it had been failed; its result was dropped",
-                            item.id, task_type)
-        except Exception:
-            log.exception("tasks: running task %d (%s) failed", item.id, task_type)
 
     def _background(self, work: Awaitable[Any]) -> None:
         asyncio.ensure_future(work).add_done_callback(log_failure("a database write"))
@@ -230,3 +251,29 @@ class TaskLanes:
         for lane in pending:
             lane.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+
+
+def claiming(db: Path, run_one: RunOne) -> RunItem:
+    """Server mode's task runner: claim the row, run it, record the outcome (a failure never stops a lane)."""
+
+    async def run(task_type: str, item: Queued) -> None:
+        try:
+            row = await asyncio.to_thread(claim_task, db, item.id)
+            if row is None:
+                log.info("task %d (%s) is no longer queued; not running it", item.id, task_type)
+                return
+            try:
+                result = await run_one(row)
+            except Exception as exc:
+                log.warning("task %d (%s, job %d) failed: %s", item.id, task_type, item.job_id, exc)
+                await asyncio.to_thread(finish_task, db, item.id, TaskStatus.FAILED,
+                                        error=f"{type(exc).__name__}: {exc}")
+                return
+            text = result if result is None or isinstance(result, str) else json.dumps(result)
+            if not await asyncio.to_thread(finish_task, db, item.id, TaskStatus.COMPLETED, result=text):
+                log.warning("task %d (%s) finished after it had been failed; its result was dropped",
+                            item.id, task_type)
+        except Exception:
+            log.exception("tasks: running task %d (%s) failed", item.id, task_type)
+
+    return run

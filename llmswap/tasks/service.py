@@ -33,7 +33,7 @@ from llmswap.tasks.db import (
     reset_running_tasks,
     task_stats,
 )
-from llmswap.tasks.lanes import TaskLanes, log_failure
+from llmswap.tasks.lanes import TaskLanes, claiming, log_failure
 
 log = logging.getLogger("llmswap.tasks")
 
@@ -93,7 +93,7 @@ class TaskService:
         # `batch:<model>` task types of the Batch API in use (type -> model): they outlive reloads.
         self._batch_types: dict[str, str] = {}
         self.lanes = TaskLanes(
-            self.db, self._run, model_of=self._model_of, fits=self._fit_together,
+            self.db, claiming(self.db, self._run), model_of=self._model_of, fits=self._fit_together,
             max_queue_depth=self.tasks.max_queue_depth,
         )
         self.batches = Batches(self)

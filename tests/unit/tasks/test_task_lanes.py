@@ -11,7 +11,7 @@ from llmswap.config.model import DEFAULT_GROUP_ID, GroupConfig
 from llmswap.scheduler.fit import fit_together
 from llmswap.scheduler.swappers.group import GroupSwapper
 from llmswap.tasks.db import TaskRow, get_task, init_db, insert_task
-from llmswap.tasks.lanes import TaskLanes
+from llmswap.tasks.lanes import TaskLanes, claiming
 from tests.helpers.wait import eventually
 
 MODELS = {"letters": "a", "research": "b"}
@@ -43,7 +43,7 @@ async def run(tmp_path: Path, fits: bool, counts: dict[str, int]) -> tuple[Recor
     def fit(models: Collection[str]) -> bool:
         return fits
 
-    lanes = TaskLanes(db, recorder, model_of=MODELS.get, fits=fit, max_queue_depth=100)
+    lanes = TaskLanes(db, claiming(db, recorder), model_of=MODELS.get, fits=fit, max_queue_depth=100)
     lanes.set_types(MODELS)
     ids = []
     for task_type, count in counts.items():
@@ -92,7 +92,9 @@ async def test_a_waiting_type_with_the_deeper_queue_goes_next(tmp_path: Path) ->
     init_db(db)
     recorder = Recorder()
     types = {"first": "a", "shallow": "b", "deep": "c"}
-    lanes = TaskLanes(db, recorder, model_of=types.get, fits=lambda models: False, max_queue_depth=100)
+    lanes = TaskLanes(
+        db, claiming(db, recorder), model_of=types.get, fits=lambda models: False, max_queue_depth=100
+    )
     lanes.set_types(types)
     for task_type, count in (("first", 1), ("shallow", 1), ("deep", 2)):
         for _ in range(count):
