@@ -131,8 +131,11 @@ class Batches:
             log.warning("batch %s: the input file %s is invalid (%d error(s)); nothing runs",
                         failed.id, input_file_id, len(errors))
             return self.view(failed)
-        batch = store.add_batch(self.db, **common, total=len(lines), status="in_progress")
-        self._queue(config, batch, endpoint, lines)
+        # Under the poll's lock: a tick between the batch's row and its requests' rows would find nothing
+        # pending and end the batch empty.
+        with self._finishing:
+            batch = store.add_batch(self.db, **common, total=len(lines), status="in_progress")
+            self._queue(config, batch, endpoint, lines)
         return self.view(batch)
 
     def _queue(self, config: Config, batch: store.StoredBatch, endpoint: str, lines: list[BatchLine]) -> None:
