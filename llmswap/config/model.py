@@ -189,7 +189,7 @@ class MatrixConfig:
     vars: Mapping[str, str] = _no_entries()  # var -> real model id
     evict_costs: Mapping[str, int] = _no_entries()  # real model id -> cost (vars resolved); absent = 1
     sets: tuple[tuple[str, str], ...] = ()  # (set name, DSL text) in compiled order
-    program: Any = None  # llmswap.scheduler.swappers.matrix_dsl.MatrixProgram
+    program: Any = None  # a llmswap.config.matrix_dsl.MatrixProgram
 
 
 @dataclass(frozen=True)

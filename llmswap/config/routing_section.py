@@ -182,7 +182,7 @@ def _scalar_entries(fields: Fields, key: str, what: str) -> tuple[list[tuple[str
 
 
 def _read_matrix(fields: Fields, model_ids: Collection[str]) -> MatrixConfig | None:
-    from llmswap.scheduler.swappers.matrix_dsl import MatrixError, compile_matrix
+    from llmswap.config.matrix_dsl import MatrixError, compile_matrix
 
     fields.warn_unknown(("vars", "sets", "evict_costs"))
     variables, vars_ok = _scalar_entries(fields, "vars", "a mapping of short names to model ids")

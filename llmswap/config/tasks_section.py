@@ -49,6 +49,9 @@ def read_tasks(root: Fields, base_dir: Path, resolve: Callable[[str], str | None
         if model is None:
             task_type.error("model", f'unknown model "{requested}"; use a model id or alias from models:')
             continue
+        if "vram" in task_type.map.entries:
+            task_type.warn("vram", f"not used: the router budgets the memory of the model itself (its "
+                                   f"footprint); declare it as models.{model}.vram instead")
         types[name] = TaskTypeConfig(name=name, model=model, vram=task_type.size("vram", None))
     return TasksConfig(
         db=resolve_path(db, base_dir),

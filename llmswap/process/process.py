@@ -6,7 +6,7 @@
                               ready --the child exits by itself--> stopped
     any --shutdown()--> shutdown (terminal)
 
-Each life of the child is a `_Run` driven by one supervisor task, the only writer of the state while it
+Each life of the child is a `Run` driven by one supervisor task, the only writer of the state while it
 runs. Public methods never drive the child themselves: they post a request to the run (a flag plus a
 wake-up) and await its outcome through `asyncio.shield`, so a caller that goes away (client disconnected)
 never cancels a start or a stop that others share. `ensure_ready()` decides between "ready", "join the
@@ -24,7 +24,6 @@ run ends with exactly one of `start_failed`, `stopped`, `exited`:
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import os
 import signal
@@ -32,17 +31,17 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Literal
 
 from llmswap.config.model import ModelConfig
 from llmswap.process.child import Child, spawn_child
 from llmswap.process.durations import format_go_duration
 from llmswap.process.errors import StartAborted, StartFailed
+from llmswap.process.events import ProcessEvent, StopCause
 from llmswap.process.health import health_url, wait_until_healthy
 from llmswap.process.idle import IdleTimer
 from llmswap.process.logring import LogRing
 from llmswap.process.ports import ensure_port_free
+from llmswap.process.run import Outcome, Run, describe_exit
 from llmswap.process.state import ProcessState
 
 logger = logging.getLogger("llmswap.process")
@@ -52,55 +51,6 @@ ABORT_GRACE = 5.0  # grace for a child whose start failed (llama-swap's value), 
 KILL_WAIT = 10.0  # seconds to wait for a SIGKILLed child to be reaped before reporting it stuck
 DRAIN_TIMEOUT = 1.0  # seconds to keep reading output once the child is gone
 TAIL_LINES = 10  # output lines quoted when a child dies
-
-EventKind = Literal["starting", "ready", "start_failed", "stopping", "stopped", "exited", "ttl_expired"]
-
-
-@dataclass(frozen=True)
-class ProcessEvent:
-    model: str
-    kind: EventKind
-    exit_code: int | None = None  # negative: killed by that signal
-    detail: str = ""
-    duration: float | None = None  # for "ready": seconds from spawn to ready
-
-
-class _Outcome(enum.Enum):
-    READY = "ready"
-    ABORTED = "aborted"
-    EXITED = "exited"
-    TIMED_OUT = "timed out"
-
-
-class _Run:
-    """One life of the child, from the decision to start until it is reaped."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, grace: float) -> None:
-        self.ready: asyncio.Future[None] = loop.create_future()
-        self.done: asyncio.Future[None] = loop.create_future()
-        self.wake = asyncio.Event()  # "something changed": the supervisor re-reads the flags below
-        self.stop_requested = False
-        self.stop_reason = ""
-        self.grace = grace  # graceful-stop seconds for the stop under way; a later request may shorten it
-        self.child: Child | None = None
-        self.output_mark = 0  # LogRing position when this run spawned, to quote only its own output
-        self.task: asyncio.Task[None] | None = None
-
-    def request_stop(self, grace: float, reason: str) -> None:
-        if self.stop_requested:
-            self.grace = min(self.grace, grace)
-        else:
-            self.stop_requested = True
-            self.stop_reason = reason
-            self.grace = grace
-        self.wake.set()
-
-    def fail(self, error: StartFailed) -> None:
-        """Resolve the start with `error` unless it is already resolved."""
-        if not self.ready.done():
-            self.ready.set_exception(error)
-            self.ready.exception()  # retrieved: a start nobody waits for any more must not log a warning
-
 
 class Process:
     """Owns one upstream server process. All methods run on the event-loop thread.
@@ -128,7 +78,7 @@ class Process:
         self._on_event = on_event
         self._clock = clock
         self._state = ProcessState.STOPPED
-        self._run: _Run | None = None
+        self._run: Run | None = None
         self._closing = False
         self._idle = IdleTimer(config.ttl)
 
@@ -173,7 +123,7 @@ class Process:
         run = self._run
         if run is None:
             return
-        run.request_stop(self.config.unload_timeout if timeout is None else timeout, "stop requested")
+        run.request_stop(self.config.unload_timeout if timeout is None else timeout, StopCause.REQUESTED)
         await asyncio.shield(run.done)
 
     async def shutdown(self, timeout: float = 1.0) -> None:
@@ -181,7 +131,7 @@ class Process:
         self._closing = True
         run = self._run
         if run is not None:
-            run.request_stop(timeout, "shutdown")
+            run.request_stop(timeout, StopCause.SHUTDOWN)
             await asyncio.shield(run.done)
         self._state = ProcessState.SHUTDOWN
 
@@ -198,30 +148,32 @@ class Process:
 
     # -- the supervisor: everything below runs on the run's own task ------------------------------------
 
-    def _begin_run(self) -> _Run:
+    def _begin_run(self) -> Run:
         loop = asyncio.get_running_loop()
-        run = _Run(loop, self.config.unload_timeout)
+        run = Run(loop, self.config.unload_timeout)
         self._run = run
         self._state = ProcessState.STARTING
         run.task = loop.create_task(self._supervise(run), name=f"llmswap-process-{self.id}")
         return run
 
-    async def _supervise(self, run: _Run) -> None:
+    async def _supervise(self, run: Run) -> None:
         try:
             final = await self._live(run)
         except asyncio.CancelledError:
             # The event loop is being torn down around us: no time left for a graceful stop.
             self._abandon(run)
-            self._end_run(run, ProcessEvent(self.id, "stopped", detail="supervisor cancelled"))
+            self._end_run(run, ProcessEvent(
+                self.id, "stopped", detail="supervisor cancelled", cause=StopCause.INTERNAL))
             raise
         except Exception as exc:
             logger.exception("[%s] process supervisor failed", self.id)
             self._abandon(run)
             run.fail(StartFailed(f"internal error while running {self.id}: {exc!r}"))
-            final = ProcessEvent(self.id, "stopped", detail=f"internal error: {exc!r}")
+            detail = f"internal error: {exc!r}"
+            final = ProcessEvent(self.id, "stopped", detail=detail, cause=StopCause.INTERNAL)
         self._end_run(run, final)
 
-    async def _live(self, run: _Run) -> ProcessEvent:
+    async def _live(self, run: Run) -> ProcessEvent:
         config = self.config
         self._emit(ProcessEvent(self.id, "starting"))
         deadline = self._clock() + config.health_check_timeout
@@ -232,9 +184,10 @@ class Process:
             return self._start_failed(run, error)
         if run.stop_requested:
             self._state = ProcessState.STOPPING
-            self._emit(ProcessEvent(self.id, "stopping", detail="start aborted"))
+            aborted = StopCause.START_ABORTED
+            self._emit(ProcessEvent(self.id, "stopping", detail=aborted.value, cause=aborted))
             run.fail(StartAborted())
-            return ProcessEvent(self.id, "stopped", detail="start aborted")
+            return ProcessEvent(self.id, "stopped", detail=aborted.value, cause=aborted)
 
         run.output_mark = self.logs.total
         logger.info("[%s] starting: %s", self.id, self.config.argv_shown)
@@ -248,7 +201,7 @@ class Process:
         spawned = self._clock()
 
         outcome = await self._await_start(run, child, deadline)
-        if outcome is _Outcome.READY:
+        if outcome is Outcome.READY:
             duration = self._clock() - spawned
             self.last_start_duration = duration
             self._state = ProcessState.READY
@@ -257,9 +210,9 @@ class Process:
             logger.info("[%s] ready in %.3fs (pid %d)", self.id, duration, child.pid)
             self._emit(ProcessEvent(self.id, "ready", duration=duration))
             return await self._serve(run, child)
-        if outcome is _Outcome.ABORTED:
+        if outcome is Outcome.ABORTED:
             return await self._stop(run, child)
-        if outcome is _Outcome.EXITED:
+        if outcome is Outcome.EXITED:
             exit_code = child.returncode
             await self._terminate(run, child)
             message = f"upstream command exited prematurely ({describe_exit(exit_code)})"
@@ -273,31 +226,31 @@ class Process:
         )
         return self._start_failed(run, StartFailed(message + self._last_output(run)), child.returncode)
 
-    async def _await_start(self, run: _Run, child: Child, deadline: float) -> _Outcome:
+    async def _await_start(self, run: Run, child: Child, deadline: float) -> Outcome:
         url = health_url(self.config.proxy, self.config.check_endpoint)
         if url is None:
-            return _Outcome.ABORTED if run.stop_requested else _Outcome.READY
+            return Outcome.ABORTED if run.stop_requested else Outcome.READY
         health = asyncio.create_task(wait_until_healthy(url, clock=self._clock), name=f"health-{self.id}")
         try:
             while True:
                 # A dead child beats a passed probe: whatever answered 200, it was not this upstream.
                 if run.stop_requested:
-                    return _Outcome.ABORTED
+                    return Outcome.ABORTED
                 if child.exited.done():
-                    return _Outcome.EXITED
+                    return Outcome.EXITED
                 if health.done():
                     health.result()
-                    return _Outcome.READY
+                    return Outcome.READY
                 remaining = deadline - self._clock()
                 if remaining <= 0:
-                    return _Outcome.TIMED_OUT
+                    return Outcome.TIMED_OUT
                 await self._sleep(run, remaining, child.exited, health)
         finally:
             if not health.done():
                 health.cancel()
                 await asyncio.wait({health})
 
-    async def _serve(self, run: _Run, child: Child) -> ProcessEvent:
+    async def _serve(self, run: Run, child: Child) -> ProcessEvent:
         while True:
             if run.stop_requested:
                 return await self._stop(run, child)
@@ -309,28 +262,29 @@ class Process:
                 detail = f"idle for {format_go_duration(self.config.ttl)} (ttl)"
                 logger.info("[%s] unloading: %s", self.id, detail)
                 self._emit(ProcessEvent(self.id, "ttl_expired", detail=detail))
-                run.request_stop(self.config.unload_timeout, "ttl expired")
+                run.request_stop(self.config.unload_timeout, StopCause.TTL)
                 continue
             await self._sleep(run, None if deadline is None else deadline - now, child.exited)
 
-    async def _stop(self, run: _Run, child: Child) -> ProcessEvent:
+    async def _stop(self, run: Run, child: Child) -> ProcessEvent:
         aborting = not run.ready.done()
-        reason = "start aborted" if aborting else run.stop_reason
+        cause = StopCause.START_ABORTED if aborting else run.stop_cause
+        reason = cause.value
         self._state = ProcessState.STOPPING
-        self._emit(ProcessEvent(self.id, "stopping", detail=reason))
+        self._emit(ProcessEvent(self.id, "stopping", detail=reason, cause=cause))
         await self._terminate(run, child)
         run.fail(StartAborted())
         logger.info("[%s] stopped (%s, %s)", self.id, reason, describe_exit(child.returncode))
-        return ProcessEvent(self.id, "stopped", exit_code=child.returncode, detail=reason)
+        return ProcessEvent(self.id, "stopped", exit_code=child.returncode, detail=reason, cause=cause)
 
-    async def _exited(self, run: _Run, child: Child) -> ProcessEvent:
+    async def _exited(self, run: Run, child: Child) -> ProcessEvent:
         exit_code = child.returncode
         await self._terminate(run, child)
         detail = f"upstream process exited unexpectedly ({describe_exit(exit_code)})" + self._last_output(run)
         logger.warning("[%s] %s", self.id, detail)
         return ProcessEvent(self.id, "exited", exit_code=exit_code, detail=detail)
 
-    async def _terminate(self, run: _Run, child: Child) -> None:
+    async def _terminate(self, run: Run, child: Child) -> None:
         """cmdStop or SIGTERM to the group, `run.grace` seconds, SIGKILL to the group; then drain the pipe."""
         stopper: Child | None = None
         began = self._clock()
@@ -371,7 +325,7 @@ class Process:
             logger.warning("[%s] cmdStop '%s' failed to start (%s): sending SIGTERM", self.id, argv[0], exc)
             return None
 
-    async def _sleep(self, run: _Run, limit: float | None, *also: asyncio.Future[object]) -> None:
+    async def _sleep(self, run: Run, limit: float | None, *also: asyncio.Future[object]) -> None:
         """Wait until something may have changed (a wake-up, one of `also`, `limit` seconds); the caller
         re-checks everything afterwards."""
         if not run.wake.is_set():
@@ -382,12 +336,12 @@ class Process:
                 waker.cancel()
         run.wake.clear()
 
-    def _start_failed(self, run: _Run, error: StartFailed, exit_code: int | None = None) -> ProcessEvent:
+    def _start_failed(self, run: Run, error: StartFailed, exit_code: int | None = None) -> ProcessEvent:
         logger.warning("[%s] start failed: %s", self.id, error.message)
         run.fail(error)
         return ProcessEvent(self.id, "start_failed", exit_code=exit_code, detail=error.message)
 
-    def _end_run(self, run: _Run, final: ProcessEvent) -> None:
+    def _end_run(self, run: Run, final: ProcessEvent) -> None:
         if self._run is run:
             self._run = None
         self.pid = None
@@ -397,7 +351,7 @@ class Process:
         if not run.done.done():
             run.done.set_result(None)
 
-    def _abandon(self, run: _Run) -> None:
+    def _abandon(self, run: Run) -> None:
         if run.child is not None:
             run.child.signal_group(signal.SIGKILL)
             run.child.abandon_pipe()
@@ -420,7 +374,7 @@ class Process:
             self._mirror.append(line)
         upstream_logger.debug("[%s] %s", self.id, line)
 
-    def _last_output(self, run: _Run) -> str:
+    def _last_output(self, run: Run) -> str:
         lines = self.logs.tail(TAIL_LINES, since=run.output_mark)
         if not lines:
             return ""
@@ -433,18 +387,6 @@ class Process:
             self._on_event(event)
         except Exception:
             logger.exception("[%s] on_event handler failed for %r", self.id, event.kind)
-
-
-def describe_exit(exit_code: int | None) -> str:
-    if exit_code is None:
-        return "exit code unknown"
-    if exit_code < 0:
-        try:
-            name = signal.Signals(-exit_code).name
-        except ValueError:
-            name = f"signal {-exit_code}"
-        return f"exit code {exit_code}, killed by {name}"
-    return f"exit code {exit_code}"
 
 
 async def shutdown_all(processes: Iterable[Process], timeout: float = 1.0) -> None:

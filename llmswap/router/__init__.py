@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 from llmswap.config.model import Config
 from llmswap.gpu.reader import MemoryReader
-from llmswap.router.base import BaseRouter, ProcessFactory, ProcessLike, SwapFinished, SwapStarted
+from llmswap.router.base import BaseRouter
+from llmswap.router.types import ProcessFactory, ProcessLike, SwapFinished, SwapStarted
 
 
 def build_router(

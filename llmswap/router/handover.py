@@ -35,10 +35,11 @@ from typing import TYPE_CHECKING
 from llmswap.config.model import Config, ModelConfig
 from llmswap.process import Process
 from llmswap.process.state import ProcessState
+from llmswap.router.types import ProcessEventSink, ProcessFactory, ProcessLike
 from llmswap.scheduler.estimates import ServiceTimes
 
 if TYPE_CHECKING:
-    from llmswap.router.base import BaseRouter, ProcessFactory, ProcessLike
+    from llmswap.router.base import BaseRouter
 
 log = logging.getLogger("llmswap.router.handover")
 
@@ -80,7 +81,7 @@ def successor_router(
     adopted = adoptable(old.config, config)
     ring = old.upstream_log
 
-    def make(model: ModelConfig, on_event: Callable[[object], None]) -> ProcessLike:
+    def make(model: ModelConfig, on_event: ProcessEventSink) -> ProcessLike:
         if model.id in adopted:
             return old.processes[model.id]
         if process_factory is not None:
@@ -93,7 +94,11 @@ def successor_router(
     for observer in old.observers:
         new.add_observer(observer)
     handover = Handover(old, new, adopted)
-    old.hand_over(handover)
+    if old.succession.retired:
+        raise RuntimeError(f"{old.name}: already handed over")
+    old.succession.link(outgoing=handover)
+    new.succession.link(incoming=handover)
+    old.retire()
     handover.begin()
     kept = sorted(adopted)
     dropped = sorted(set(old.processes) - adopted)
@@ -117,6 +122,7 @@ class Handover:
     def __init__(self, old: BaseRouter, new: BaseRouter, adopted: frozenset[str]) -> None:
         self.old = old
         self.new = new
+        self.successor = new
         self.adopted = adopted
         self.replaced = tuple(mid for mid in old.processes if mid not in adopted)
         loop = asyncio.get_running_loop()
@@ -150,8 +156,8 @@ class Handover:
         if model not in self.adopted:
             return None
         claimed = self.old.swap_claims().get(model)
-        if claimed is None and self.old.handover_in is not None:
-            claimed = self.old.handover_in.claim(model)
+        if claimed is None and self.old.succession.incoming is not None:
+            claimed = self.old.succession.incoming.claim(model)
         return claimed
 
     def serving(self, model: str) -> int:
@@ -159,15 +165,25 @@ class Handover:
         if model not in self.adopted:
             return 0
         count = self.old.serving(model)
-        if self.old.handover_in is not None:
-            count += self.old.handover_in.serving(model)
+        if self.old.succession.incoming is not None:
+            count += self.old.succession.incoming.serving(model)
         return count
+
+    def inherited_in_flight(self, model: str) -> int:
+        """Requests of `model` the old routers still count in flight (every router still winding down)."""
+        return self.old.serving(model) + self.old.succession.inherited_in_flight(model)
 
     def torn_down(self) -> bool:
         """Whether every process the old routers kept is gone."""
         if not self._replaced_gone:
             return False
-        return self.old.handover_in is None or self.old.handover_in.torn_down()
+        incoming = self.old.succession.incoming
+        return incoming is None or (isinstance(incoming, Handover) and incoming.torn_down())
+
+    async def shut_down_predecessors(self, timeout: float | None) -> None:
+        """The successor shuts down: the old router (and any older one) goes with it."""
+        if not self.old.closing:
+            await self.old.shutdown(timeout)
 
     async def before_start(self) -> None:
         """Wait until the successor may start a process: the replaced ones are gone."""
@@ -189,16 +205,14 @@ class Handover:
         event.set()
         self.new.poke()
         self._finish_if_idle()
-        if self.new._handover_out is not None:  # the successor was retired too: its handover may move
-            self.new._handover_out.changed()
+        self.new.succession.progress()  # the successor was retired too: its handover may move
 
     def _finish_if_idle(self) -> None:
         # An older router still winding down is reached only through `old`: keep `old` until it is gone.
-        if self.done.done() or self.old.busy or not self.torn_down() or self.old.handover_in is not None:
+        if self.done.done() or self.old.busy or not self.torn_down() or self.old.succession.incoming:
             return
         self.old.finish_loop()
-        if self.new._handover_in is self:
-            self.new._handover_in = None
+        self.new.succession.unlink(self)
         self.done.set_result(None)
         log.info("reload: the previous router %s has finished its last request", self.old.name)
 

@@ -7,8 +7,9 @@ import time
 from collections.abc import Callable
 
 from llmswap.config.model import Config
-from llmswap.router.base import BaseRouter, ProcessFactory
+from llmswap.router.base import BaseRouter
 from llmswap.router.schedulers import scheduler_factory
+from llmswap.router.types import ProcessFactory
 from llmswap.scheduler.swappers.matrix import MatrixSwapper
 
 

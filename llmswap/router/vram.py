@@ -25,9 +25,11 @@ from typing import Any
 from llmswap.config.model import Config
 from llmswap.gpu import FootprintBook, MemoryReader, device_labels, format_bytes, open_reader, wait_for_free
 from llmswap.process.errors import StartFailed
+from llmswap.process.events import ProcessEvent
 from llmswap.process.state import ProcessState
-from llmswap.router.base import BaseRouter, ProcessFactory, ProcessLike
+from llmswap.router.base import BaseRouter
 from llmswap.router.schedulers import scheduler_factory
+from llmswap.router.types import ProcessFactory, ProcessLike
 from llmswap.scheduler.swappers.vram import VramSwapper, device_budgets
 from llmswap.scheduler.types import HandlerRequest, SwapPlan
 
@@ -207,12 +209,10 @@ class VramRouter(BaseRouter):
             self.book.save()
         return bool(usage)
 
-    def _on_process_event(self, event: Any) -> None:
+    def on_process_event(self, event: ProcessEvent) -> None:
         self._generation += 1
-        model = getattr(event, "model", None)
-        if isinstance(model, str):
-            self._moved_at[model] = self._generation
-        super()._on_process_event(event)
+        self._moved_at[event.model] = self._generation
+        super().on_process_event(event)
 
     def _others_settled(self, model: str) -> bool:
         return all(p.state in _SETTLED for m, p in self.processes.items() if m != model)

@@ -47,7 +47,6 @@ Timers (deadlines, ends of minimum residency, ends of idle grace, queue timeouts
 
 from __future__ import annotations
 
-import bisect
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -63,6 +62,7 @@ from llmswap.scheduler.batch_plan import (
     first_latest_start,
     latest_starts,
 )
+from llmswap.scheduler.books import Verdict
 from llmswap.scheduler.core import QueueScheduler
 from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.idle import ClientGaps
@@ -119,7 +119,7 @@ class BatchScheduler(QueueScheduler):
 
     def _accept(self, req: HandlerRequest) -> None:
         self._reorder()  # issue 16: lrs keys move with time
-        bisect.insort(self._queue, req, key=self._queue_key)
+        self._enqueue(req)
         self._drain()
 
     def _drain(self) -> None:
@@ -140,10 +140,10 @@ class BatchScheduler(QueueScheduler):
         return self._wake
 
     def _arrived(self, req: HandlerRequest) -> None:
-        quiet = not self._in_flight.get(req.model) and not any(w.model == req.model for w in self._waiters())
+        quiet = not self._in_flight_of(req.model) and not any(w.model == req.model for w in self._waiters())
         self.gaps.arrived(req.model, self._clock(), quiet=quiet)
-        evicted = any(req.model in swap.evict for swap in self._active.values())
-        ready = self._effects.model_state(req.model) is ProcessState.READY and not evicted
+        ready = self._effects.model_state(req.model) is ProcessState.READY
+        ready = ready and not self._being_evicted(req.model)
         self.rates.arrived(req.model, self._clock(), ready=ready)
 
     def _loaded(self, model: str, duration: float) -> None:
@@ -171,18 +171,13 @@ class BatchScheduler(QueueScheduler):
 
     def _serve_round(self) -> bool:
         """Serve, join or freely start what can go without evicting anyone; True if anything moved."""
-        if not self._queue:
-            return False
-        remaining = [req for req in self._queue if not self._place(req)]
-        moved = len(remaining) != len(self._queue)
-        self._queue = remaining
-        return moved
+        return self._place_queued(self._place)
 
     def _place(self, req: HandlerRequest) -> bool:
         """Serve, join, start a swap for, or fail `req`. False: it waits, and its model contends."""
         prepared = self._prepare(req)
-        if isinstance(prepared, bool):
-            return prepared
+        if prepared.verdict is not Verdict.DECIDE:
+            return prepared.verdict is Verdict.HANDLED
         state, running, evict = prepared.state, prepared.running, prepared.evict
         if evict or self._collides(req.model, evict):
             return False
@@ -269,14 +264,14 @@ class BatchScheduler(QueueScheduler):
         still serving. Under deadline pressure a victim must only be past its minimum residency
         (or idle); otherwise every victim must be idle.
         """
-        if model in self._active or self._stopping.get(model):
+        if self._loading(model) or self._unloading(model):
             return False
         if not evict and self._effects.model_state(model) is ProcessState.READY:
             return False  # loaded already: it only waits for its own turn to serve again
         if self._collides(model, evict):
             return False
         for v in evict:
-            if self._stopping.get(v) or self._in_flight.get(v, 0) > 0:
+            if self._unloading(v) or self._in_flight_of(v) > 0:
                 return False
             if pressed and self._protected(v, now):
                 return False
@@ -286,8 +281,8 @@ class BatchScheduler(QueueScheduler):
 
     def _commit(self, c: Contender, evict: Sequence[str], rule: str, contenders: Mapping[str, Contender],
                 now: float) -> None:
-        req = min((r for r in self._queue if r.model == c.model), key=self._queue_key)
-        self._queue.remove(req)
+        req = min((r for r in self._queued() if r.model == c.model), key=self._queue_key)
+        self._dequeue(req)
         queues = ", ".join(
             f"{o.model}={o.depth} (oldest {now - o.oldest:.1f}s)"
             for o in sorted(contenders.values(), key=lambda o: o.model)
@@ -302,7 +297,7 @@ class BatchScheduler(QueueScheduler):
 
     def _contenders(self) -> dict[str, Contender]:
         groups: dict[str, list[HandlerRequest]] = {}
-        for req in self._queue:
+        for req in self._queued():
             groups.setdefault(req.model, []).append(req)
         return {model: self._contender(model, reqs) for model, reqs in groups.items()}
 
@@ -319,7 +314,7 @@ class BatchScheduler(QueueScheduler):
             model=model,
             depth=len(reqs),
             oldest=min(r.arrived for r in reqs),
-            model_priority=self._priority.get(model, 0),
+            model_priority=self._model_priority(model),
             request_priority=top,
             slot=self._slot(model),
             budget=self._budget(model),
@@ -355,9 +350,7 @@ class BatchScheduler(QueueScheduler):
 
     def _idle(self, model: str, now: float) -> bool:
         """Nothing in flight or waiting, not loading, and the grace after its last request is over."""
-        if self._in_flight.get(model) or model in self._active:
-            return False
-        if any(r.model == model for r in self._queue):
+        if self._in_flight_of(model) or self._loading(model) or self._queued_for(model):
             return False
         quiet_from = self.gaps.quiet_from(model)
         return quiet_from is None or now >= quiet_from
@@ -378,7 +371,7 @@ class BatchScheduler(QueueScheduler):
 
     def _quiet_wakes(self, model: str) -> list[float]:
         """When `model` may turn idle without any event: the end of its grace, if nothing else holds it."""
-        if self._in_flight.get(model) or model in self._active or any(r.model == model for r in self._queue):
+        if self._in_flight_of(model) or self._loading(model) or self._queued_for(model):
             return []
         quiet_from = self.gaps.quiet_from(model)
         return [] if quiet_from is None else [quiet_from]

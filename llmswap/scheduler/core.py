@@ -1,32 +1,22 @@
 """The machinery every queueing scheduler shares; FIFO and batch differ only in how they place requests.
 
-`QueueScheduler` keeps the books — swaps in progress and their waiters, the queue, in-flight and
-reserved counts, unloads in progress — and owns everything that is not a placement decision:
-limits and admission, cancellation, swap and serve completion, unloads, stops, shutdown, aborting
-loads nobody waits for, queue timeouts, positions, estimates and the rejection counters.
+`QueueScheduler` handles the events over the books it inherits (`llmswap.scheduler.books`: swaps in
+progress and their waiters, the queue, in-flight and reserved counts, unloads in progress) and owns
+everything that is not a placement decision: limits and admission, cancellation, swap and serve
+completion, unloads, stops, shutdown, aborting loads nobody waits for, queue timeouts, positions and
+the rejection counters.
 
 A subclass decides where a request goes (`_accept` for a newcomer, `_drain` whenever something
 that blocked the queue may have changed), may hold a ready model back (`_holds`), and may keep
-timers of its own (`_policy_deadline`, re-examined in `_drain` on every tick).
-
-Invariants the books keep:
-- `_reserved[model]` counts admitted requests not yet finished, errored or cancelled (queued,
-  joined to a swap, or in flight); `_key_reserved` the same per API key.
-- A request is in flight (`_granted`) only when `grant_serve` returned True; its `ServeDone`
-  ends it. A swap whose waiters all left, or whose model was unloaded, stays "detached" on the
-  books until its `SwapDone`, so one model never has two swaps in flight.
+timers of its own (`_policy_deadline`, re-examined in `_drain` on every tick). It starts each
+placement with `_prepare` and reads and changes the books only through their interface.
 """
 
 from __future__ import annotations
 
-import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Sequence
 
-from llmswap.config.model import DEFAULT_CONCURRENCY_LIMIT, EMPTY, AdmissionConfig
-from llmswap.process.state import ProcessState
 from llmswap.scheduler.admission import (
     REASON_CONCURRENCY,
     REASON_GLOBAL_QUEUE,
@@ -34,9 +24,8 @@ from llmswap.scheduler.admission import (
     REASON_MODEL_QUEUE,
     REASON_SHED,
     REASON_TIMEOUT,
-    Admission,
-    SchedulerStats,
 )
+from llmswap.scheduler.books import ActiveSwap, Candidate, SchedulerBooks, Verdict
 from llmswap.scheduler.errors import (
     ConcurrencyLimit,
     ModelNotFound,
@@ -46,92 +35,23 @@ from llmswap.scheduler.errors import (
     SchedulerError,
     Shed,
 )
-from llmswap.scheduler.estimates import ServiceTimes, retry_after
-from llmswap.scheduler.prioritizers import Prioritizer, next_late
+from llmswap.scheduler.estimates import retry_after
+from llmswap.scheduler.prioritizers import next_late
 from llmswap.scheduler.types import (
-    Clock,
-    Effects,
     HandlerRequest,
     ProcessStopped,
     SchedulerSnapshot,
     ServeDone,
     StopDone,
     SwapDone,
-    Swapper,
     SwapPlan,
     Unload,
 )
 from llmswap.scheduler.urgency import UrgencyMixin
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """A request past the checks every placement starts with: what the scheduler decides on."""
-
-    state: ProcessState
-    running: list[str]  # the running set the swapper saw
-    evict: tuple[str, ...]
-
-
-@dataclass
-class ActiveSwap:
-    model: str
-    evict: tuple[str, ...]
-    started: float
-    waiters: list[HandlerRequest] = field(default_factory=list)
-    # Set once nobody may join any more (aborted, or its model unloaded); its SwapDone only cleans up.
-    detached: Literal["aborted", "unloaded"] | None = None
-
-    def collides(self, target: str, evict: Sequence[str]) -> bool:
-        """Whether a swap to `target` evicting `evict` would interfere with this one."""
-        return self.model in evict or target in self.evict or not set(self.evict).isdisjoint(evict)
-
-
-class QueueScheduler(UrgencyMixin, ABC):
+class QueueScheduler(UrgencyMixin, SchedulerBooks, ABC):
     """Implements `Scheduler` except for placement. Every method runs on the router's run loop."""
-
-    kind = "queue"  # names the default logger: llmswap.scheduler.<kind>.<router name>
-
-    def __init__(
-        self,
-        name: str,
-        swapper: Swapper,
-        effects: Effects,
-        *,
-        limits: Mapping[str, int] = EMPTY,
-        priority: Mapping[str, int] = EMPTY,
-        clock: Clock,
-        logger: logging.Logger | None = None,
-        admission: AdmissionConfig | None = None,
-        key_limits: Mapping[str, int] = EMPTY,
-        times: ServiceTimes | None = None,
-        prioritizer: Prioritizer | None = None,
-        on_deadline: str = "ignore",
-        preempt_below: int | None = None,
-    ) -> None:
-        self.name = name
-        self._swapper = swapper
-        self._effects = effects
-        self._limits = limits
-        self._priority = priority
-        self._clock = clock
-        self._log = logger or logging.getLogger(f"llmswap.scheduler.{self.kind}.{name}")
-        self._admission = Admission(admission, key_limits)
-        self.times = times or ServiceTimes()
-        self.stats = SchedulerStats()
-        self._init_urgency(prioritizer, on_deadline, preempt_below)  # issue 16: llmswap.scheduler.urgency
-
-        self._active: dict[str, ActiveSwap] = {}
-        self._queue: list[HandlerRequest] = []  # sorted by _queue_key
-        self._positions: dict[HandlerRequest, int] = {}  # last position told to each queued waiter
-        self._in_flight: dict[str, int] = {}  # granted and not yet ServeDone, per model
-        self._granted: dict[HandlerRequest, float] = {}  # in flight: when each was granted
-        # Models in flight: when each became busy or last completed a request (the start of its next gap).
-        self._busy_mark: dict[str, float] = {}
-        self._reserved: dict[str, int] = {}  # admitted and not yet finished, errored or cancelled
-        self._key_reserved: dict[str, int] = {}  # the same, per API key that has a maxConcurrent
-        self._stopping: dict[str, int] = {}  # unloads whose StopDone has not arrived, per model
-        self._shutdown: SchedulerError | None = None
 
     # ----------------------------------------------------------------------------- policy hooks
 
@@ -142,10 +62,6 @@ class QueueScheduler(UrgencyMixin, ABC):
     @abstractmethod
     def _drain(self) -> None:
         """Re-read the queue: something that blocked it may have changed."""
-
-    def _holds(self, model: str) -> bool:
-        """Whether a ready `model` must not take new requests right now (it is making room)."""
-        return False
 
     def _policy_deadline(self) -> float | None:
         """When the placement policy wants `_drain` to run again, or None."""
@@ -356,36 +272,27 @@ class QueueScheduler(UrgencyMixin, ABC):
         self._log.info("swap: start %s evict [%s] rule=%s (%s)", req.model, ", ".join(evict), rule, detail)
         self._effects.start_swap(SwapPlan(req.model, evict, rule, request_seq=req.seq, detail=detail))
 
-    def _prepare(self, req: HandlerRequest) -> bool | Candidate:
-        """The checks every placement starts with, the same for every scheduler.
-
-        True: handled (failed, or joined the swap in progress); False: it must wait (its abandoned swap is
-        still winding down, or its model is being unloaded); otherwise the state and evictions to decide on.
-        """
+    def _prepare(self, req: HandlerRequest) -> Candidate:
+        """The checks every placement starts with, the same for every scheduler (see `Verdict`)."""
         state = self._effects.model_state(req.model)
         if state is None:
             self._fail(req, ModelNotFound(req.model))
-            return True
+            return Candidate(Verdict.HANDLED)
         swap = self._active.get(req.model)
         if swap is not None:
             if swap.detached is not None:
-                return False  # its abandoned swap is still winding down
+                return Candidate(Verdict.WAITS)  # its abandoned swap is still winding down
             self._join(req, swap)
-            return True
+            return Candidate(Verdict.HANDLED)
         if self._stopping.get(req.model):
-            return False
+            return Candidate(Verdict.WAITS)
         running = self._running_set(exclude=req.model)
         try:
             evict = tuple(self._swapper.evictions_for(req.model, running))
         except SchedulerError as err:
             self._fail(req, err)
-            return True
-        return Candidate(state, running, evict)
-
-    def _join(self, req: HandlerRequest, swap: ActiveSwap) -> None:
-        swap.waiters.append(req)
-        self._log.debug("%s: %s joins the swap in progress (%d waiting)", self.name, req.model,
-                        len(swap.waiters))
+            return Candidate(Verdict.HANDLED)
+        return Candidate(Verdict.DECIDE, state, tuple(running), evict)
 
     def _abort_unwanted_swaps(self) -> None:
         """Abort loads that nobody waits for any more once they stand in a queued request's way."""
@@ -405,46 +312,7 @@ class QueueScheduler(UrgencyMixin, ABC):
                 return True
         return False
 
-    def _evictions(self, model: str) -> list[str] | None:
-        """What a swap to `model` would evict right now; None when the swapper says it can never run."""
-        try:
-            return self._swapper.evictions_for(model, self._running_set(exclude=model))
-        except SchedulerError:
-            return None
-
-    def _running_set(self, exclude: str) -> list[str]:
-        running = set(self._effects.running_models())
-        running.update(m for m in self._active if m != exclude)
-        return sorted(running)
-
-    def _collides(self, model: str, evict: Sequence[str]) -> bool:
-        return any(s.collides(model, evict) for m, s in self._active.items() if m != model)
-
-    def _would_wait(self, model: str) -> bool:
-        """Whether a request for `model` arriving now would wait (queued or joined to a swap)."""
-        if self._effects.model_state(model) is not ProcessState.READY:
-            return True
-        if model in self._active or self._stopping.get(model) or self._holds(model):
-            return True
-        evict = self._evictions(model)
-        if evict is None:
-            return False  # it is answered with CannotFit at once
-        return bool(evict) or self._collides(model, evict)
-
     # ----------------------------------------------------------------------------- admission
-
-    def _waiters(self) -> Iterator[HandlerRequest]:
-        """Every waiting request: queued, or joined to a swap in progress."""
-        yield from self._queue
-        for swap in self._active.values():
-            yield from swap.waiters
-
-    def _model_waiters(self, model: str) -> list[HandlerRequest]:
-        waiters = [r for r in self._queue if r.model == model]
-        swap = self._active.get(model)
-        if swap is not None:
-            waiters.extend(swap.waiters)
-        return waiters
 
     def _rank(self, req: HandlerRequest) -> tuple[int, int]:
         return (self._priority.get(req.model, 0), req.priority)
@@ -478,108 +346,8 @@ class QueueScheduler(UrgencyMixin, ABC):
         self.stats.count(reason)
         self._effects.grant_error(req, err)
 
-    def _remove_waiter(self, req: HandlerRequest) -> bool:
-        """Take a waiter out of the queue or out of its swap; False when it is not waiting."""
-        if req in self._queue:
-            self._queue.remove(req)
-            return True
-        swap = self._active.get(req.model)
-        if swap is not None and req in swap.waiters:
-            swap.waiters.remove(req)
-            return True
-        return False
-
     def _after_removal(self) -> None:
         """A waiter left: others move up, a load may have lost its last waiter, the plan may change."""
         self._publish_positions()
         self._abort_unwanted_swaps()
 
-    # ----------------------------------------------------------------------------- estimates
-
-    def _expected_wait(self, model: str, ahead: Sequence[HandlerRequest]) -> float:
-        """Seconds until a request for `model` behind `ahead` would be served: the time their models take
-        to get through them (parallel upstreams get through several at once), plus a load."""
-        wait = sum(self.times.per_request(r.model) for r in ahead)
-        if self._would_wait(model):
-            wait += self._load_remaining(model)
-        return wait
-
-    def _load_remaining(self, model: str) -> float:
-        swap = self._active.get(model)
-        if swap is not None and swap.detached is None:
-            return max(0.0, self.times.load(model) - (self._clock() - swap.started))
-        if self._effects.model_state(model) is ProcessState.READY and not self._stopping.get(model):
-            return 0.0
-        return self.times.load(model)
-
-    def _model_slot_wait(self, model: str) -> float:
-        """Seconds until one of `model`'s reserved requests is expected to finish and free a slot."""
-        now = self._clock()
-        service = self.times.service(model)
-        serving = [at for req, at in self._granted.items() if req.model == model]
-        if serving:
-            return max(0.0, min(serving) + service - now)
-        return self._load_remaining(model) + service
-
-    def _key_slot_wait(self, api_key: str) -> float:
-        """Seconds until one of this API key's requests is expected to finish."""
-        now = self._clock()
-        ends = [at + self.times.service(req.model) - now for req, at in self._granted.items()
-                if req.api_key == api_key]
-        for req in self._waiters():
-            if req.api_key == api_key:
-                ahead = self._model_waiters(req.model)
-                ends.append(self._expected_wait(req.model, ahead) + self.times.service(req.model))
-        return max(0.0, min(ends, default=0.0))
-
-    # ----------------------------------------------------------------------------- bookkeeping
-
-    def _limit(self, model: str) -> int:
-        limit = self._limits.get(model, DEFAULT_CONCURRENCY_LIMIT)
-        return limit if limit > 0 else DEFAULT_CONCURRENCY_LIMIT
-
-    def _queue_key(self, req: HandlerRequest) -> tuple[int, int, float, int]:
-        within = self._prioritizer.key(req, self._clock(), self._remaining)
-        return (-self._priority.get(req.model, 0), -req.priority, within, req.seq)
-
-    def _grant(self, req: HandlerRequest, model: str) -> None:
-        if self._effects.grant_serve(req, model):
-            self._in_flight[model] = self._in_flight.get(model, 0) + 1
-            self._granted[req] = self._clock()
-            self._busy_mark.setdefault(model, self._granted[req])
-        else:
-            self._release(req)  # the client left: no ServeDone will ever come for it
-
-    def _fail(self, req: HandlerRequest, err: SchedulerError) -> None:
-        self._release(req)
-        self._effects.grant_error(req, err)
-
-    def _reserve(self, req: HandlerRequest) -> None:
-        self._reserved[req.model] = self._reserved.get(req.model, 0) + 1
-        if self._admission.key_limit(req.api_key) is not None and req.api_key is not None:
-            self._key_reserved[req.api_key] = self._key_reserved.get(req.api_key, 0) + 1
-
-    def _release(self, req: HandlerRequest) -> None:
-        self._deadlines.forget(req)
-        self._preemption.ended(req)
-        _decrement(self._reserved, req.model, self.name)
-        if req.api_key is not None and req.api_key in self._key_reserved:
-            _decrement(self._key_reserved, req.api_key, self.name)
-
-    def _publish_positions(self) -> None:
-        previous = self._positions
-        self._positions = {}
-        for position, req in enumerate(self._queue, start=1):
-            self._positions[req] = position
-            if previous.get(req) != position:
-                self._effects.notify_position(req, position)
-
-
-def _decrement(counts: dict[str, int], key: str, name: str) -> None:
-    count = counts.get(key, 0)
-    if count <= 0:
-        raise RuntimeError(f"{name}: reservation underflow (scheduler bookkeeping bug)")
-    if count == 1:
-        del counts[key]
-    else:
-        counts[key] = count - 1

@@ -22,9 +22,8 @@ Where our asyncio contracts differ from llama-swap's Go (on purpose):
 
 from __future__ import annotations
 
-import bisect
-
 from llmswap.process.state import ProcessState
+from llmswap.scheduler.books import Verdict
 from llmswap.scheduler.core import QueueScheduler
 from llmswap.scheduler.types import HandlerRequest
 
@@ -40,19 +39,18 @@ class FifoScheduler(QueueScheduler):
     def _accept(self, req: HandlerRequest) -> None:
         if not self._place(req, RULE_REQUEST):
             self._reorder()  # issue 16: lrs keys move with time
-            bisect.insort(self._queue, req, key=self._queue_key)
+            self._enqueue(req)
             self._preempt_blocked()  # issue 16
             self._publish_positions()
             self._abort_unwanted_swaps()
 
     def _drain(self) -> None:
         """One pass over the queue, in order; swaps started here are seen by the requests after."""
-        if not self._queue:
+        if not self._queued():
             self._preempt_blocked()  # issue 16: releases holds nobody needs any more
             return
         self._reorder()  # issue 16: lrs keys move with time
-        remaining = [req for req in self._queue if not self._place(req, RULE_DRAIN)]
-        self._queue = remaining
+        self._place_queued(lambda req: self._place(req, RULE_DRAIN))
         self._preempt_blocked()  # issue 16
         self._publish_positions()
         self._abort_unwanted_swaps()
@@ -60,8 +58,8 @@ class FifoScheduler(QueueScheduler):
     def _place(self, req: HandlerRequest, rule: str) -> bool:
         """Serve, join, start a swap for, or fail `req`. False: it must wait in the queue."""
         prepared = self._prepare(req)
-        if isinstance(prepared, bool):
-            return prepared
+        if prepared.verdict is not Verdict.DECIDE:
+            return prepared.verdict is Verdict.HANDLED
         state, running, evict = prepared.state, prepared.running, prepared.evict
         if self._preemption.holds(req.model, req):
             return False  # issue 16: its model is being emptied for a higher-priority request
@@ -72,14 +70,14 @@ class FifoScheduler(QueueScheduler):
         if collides:
             self._log.debug("%s: %s waits: it collides with a swap in progress", self.name, req.model)
             return False
-        if any(self._stopping.get(m) for m in evict):
+        if any(self._unloading(m) for m in evict):
             self._log.debug("%s: %s waits: it would evict a model being unloaded", self.name, req.model)
             return False
-        if any(self._in_flight.get(m, 0) > 0 for m in evict):
+        if any(self._in_flight_of(m) > 0 for m in evict):
             self._log.debug("%s: %s waits: it would evict a model still serving", self.name, req.model)
             return False
         waited = self._clock() - req.arrived
         detail = (f"request #{req.seq} waited {waited:.1f}s; running [{', '.join(running)}]; "
-                  f"{len(self._queue)} queued")
+                  f"{len(self._queued())} queued")
         self._start_swap(req, evict, running, rule, detail)
         return True

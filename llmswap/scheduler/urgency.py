@@ -10,6 +10,7 @@ through its `Effects`, on the run loop, like the rest of the scheduler.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from llmswap.scheduler.admission import REASON_DEADLINE, SchedulerStats
@@ -26,26 +27,23 @@ if TYPE_CHECKING:
 class UrgencyMixin:
     """Prioritizer order, deadlines and preemption for `QueueScheduler`."""
 
-    # Provided by QueueScheduler.
+    # Provided by SchedulerBooks (llmswap.scheduler.books).
     name: str
     stats: SchedulerStats
     times: ServiceTimes
     _clock: Clock
     _effects: Effects
     _log: logging.Logger
-    _queue: list[HandlerRequest]
-    _granted: dict[HandlerRequest, float]
+    _prioritizer: Prioritizer
+    _deadlines: Deadlines
+    _preemption: Preempting
 
-    def _init_urgency(self, prioritizer: Prioritizer | None, on_deadline: str,
-                      preempt_below: int | None) -> None:
-        self._prioritizer = prioritizer or Prioritizer()
-        self._deadlines = Deadlines(on_deadline)
-        self._preemption = Preempting(preempt_below)
-
-    if TYPE_CHECKING:  # provided by QueueScheduler
+    if TYPE_CHECKING:  # provided by SchedulerBooks
         def _queue_key(self, req: HandlerRequest) -> tuple[int, int, float, int]: ...
-        def _load_remaining(self, model: str) -> float: ...
-        def _would_wait(self, model: str) -> bool: ...
+        def _remaining(self, req: HandlerRequest) -> float: ...
+        def _resort(self) -> None: ...
+        def _serving(self) -> Iterator[HandlerRequest]: ...
+        def _queued(self) -> Sequence[HandlerRequest]: ...
         def _evictions(self, model: str) -> list[str] | None: ...
         def _remove_waiter(self, req: HandlerRequest) -> bool: ...
         def _fail(self, req: HandlerRequest, err: SchedulerError) -> None: ...
@@ -53,22 +51,17 @@ class UrgencyMixin:
     def _reorder(self) -> None:
         """Re-sort the queue when the prioritizer's keys move with time (lrs); a no-op otherwise."""
         if self._prioritizer.dynamic:
-            self._queue.sort(key=self._queue_key)
-
-    def _remaining(self, req: HandlerRequest) -> float:
-        """Seconds of work still ahead of waiting `req`: its model's load if it must load, one service."""
-        load = self._load_remaining(req.model) if self._would_wait(req.model) else 0.0
-        return load + self.times.service(req.model)
+            self._resort()
 
     def _preempt_blocked(self) -> None:
         """Preempt the background work in the way of the first waiting request above preemptBelow."""
         if self._preemption.bound is None:
             return
         serving: dict[str, list[HandlerRequest]] = {}
-        for granted in self._granted:
+        for granted in self._serving():
             serving.setdefault(granted.model, []).append(granted)
         needed: set[str] = set()
-        for req in self._queue:
+        for req in self._queued():
             evict = self._evictions(req.model) if self._preemption.may_preempt(req) else None
             if not evict:
                 continue

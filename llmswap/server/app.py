@@ -8,10 +8,11 @@ import logging
 from aiohttp import web
 
 from llmswap.router.base import BaseRouter
+from llmswap.server import batch_http
+from llmswap.server import tasks_http as task_http
+from llmswap.server.proxy import dispatcher
 from llmswap.server.state import STATE, ServerState
-from llmswap.tasks import batch_http
-from llmswap.tasks import http as task_http
-from llmswap.tasks.http import TASKS_KEY, task_service
+from llmswap.server.tasks_http import TASKS_KEY, task_service
 from llmswap.tasks.service import TaskService
 
 log = logging.getLogger("llmswap.tasks")
@@ -71,7 +72,8 @@ async def _start_tasks(app: web.Application) -> None:
                 service.reconfigure(router.config)
             elif router.config.tasks is not None:
                 # Tasks read the router through the state on every run: a config reload swaps it.
-                service = TaskService(router.config, lambda: server_state.router, loop)
+                live = dispatcher(server_state)
+                service = TaskService(router.config, lambda: server_state.router, live, loop)
                 service.start()
                 server_state.extras[TASKS_KEY] = service
         except Exception:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlencode
@@ -18,21 +17,22 @@ from urllib.parse import urlencode
 from aiohttp import hdrs, web
 
 from llmswap.config.model import Config, ModelConfig, PeerConfig
+from llmswap.dispatch.filters import FilterPlan, apply_plan, local_plan, plan_for
 from llmswap.process.state import ProcessState
 from llmswap.router import BaseRouter
 from llmswap.scheduler.errors import Preempted, SchedulerError
 from llmswap.server import guardrails, middleware
 from llmswap.server.errors import error_response, scheduler_error_response
-from llmswap.server.filters import FilterPlan, apply_plan, plan_for
 from llmswap.server.inflight import tracker_of
 from llmswap.server.loading import LoadingFeedback, StreamDialect, dialect_for
 from llmswap.server.peers import forward_to_peer, resolve_peer
-from llmswap.server.pool import close_upstream_pool, upstream_pool
 from llmswap.server.profiles import active_profile
 from llmswap.server.proxy import (
     CLIENT_CLOSED_REQUEST,
     Body,
     SplicedBody,
+    close_upstream_pool,
+    dispatcher,
     forward,
     while_connected,
 )
@@ -273,33 +273,32 @@ async def _serve_local(
     if refusal is not None:  # issue 16: refused before it waits, and no model is loaded for it
         return error_response(request, 400, refusal, code="context_length_exceeded", param="messages")
     key = request_api_key(request)
-    asked = time.monotonic()
     try:
-        async with router.acquire(
+        async with dispatcher(server).lease(
             model.id,
+            origin="http",
+            router=router,
             priority=incoming.priority,
             deadline_ms=incoming.deadline_ms or model.deadline_ms or None,
             api_key=key.key if key is not None else None,
             on_admitted=on_admitted,
             on_position=on_position,
             on_granted=lambda load: middleware.note_load(request, load),
-        ) as process:
-            middleware.note_wait(request, time.monotonic() - asked)
+        ) as lease:
+            middleware.note_wait(request, lease.waited)
             loading_response = await feedback.finish() if feedback is not None else None
-            upstream = process.config
-            session = upstream_pool(server).session(upstream.id, upstream.timeouts)
-            await guardrails.learn_reported_context(request.app, upstream, session)
+            await guardrails.learn_reported_context(request.app, lease.config, lease.session)
             return await forward(
                 request,
-                base_url=upstream.proxy,
+                base_url=lease.config.proxy,
                 path=incoming.route.upstream_path,
-                session=session,
+                session=lease.session,
                 body=body,
                 response=loading_response,
                 query=incoming.query,
-                response_header_timeout=upstream.timeouts.response_header,
+                response_header_timeout=lease.response_header_timeout,
                 sse_error=incoming.dialect.error,
-                watchdog=Watchdog.of(f"models.{upstream.id}.timeouts", upstream.timeouts),
+                watchdog=Watchdog.of(f"models.{lease.config.id}.timeouts", lease.config.timeouts),
             )
     except SchedulerError as err:
         if feedback is not None:
@@ -332,10 +331,6 @@ async def _serve_peer(
 
 
 # -------------------------------------------------------------------------------- body rewriting
-
-
-def local_plan(model: ModelConfig, requested: str) -> FilterPlan:
-    return plan_for(model.filters, requested, model=model.use_model_name or None)
 
 
 def outgoing_body(raw: bytearray, found: Identified, plan: FilterPlan) -> Body:

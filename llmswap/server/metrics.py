@@ -47,8 +47,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from llmswap import __version__
 from llmswap.gpu import MemoryReader, open_reader
+from llmswap.process.events import ProcessEvent
 from llmswap.process.state import ProcessState
-from llmswap.router.base import BaseRouter, RouterStats, SwapFinished
+from llmswap.router.base import BaseRouter
+from llmswap.router.types import RouterEvent, RouterStats, SwapFinished
 from llmswap.server.middleware import REQUEST_OBSERVERS, AccessRecord
 from llmswap.server.state import STATE, ServerState
 from llmswap.server.websocket import open_sockets
@@ -122,27 +124,25 @@ class ServerMetrics:
         if self.on_router_event not in router.observers:
             router.add_observer(self.on_router_event)
 
-    def on_router_event(self, item: object) -> None:
+    def on_router_event(self, item: RouterEvent) -> None:
         if isinstance(item, SwapFinished):
             outcome = "ok" if item.error is None else "failed"
             self.swap_seconds.labels(item.plan.model, outcome).observe(item.duration)
             return
-        # Process events (ProcessEvent, or a test double with the same fields): read by their fields.
-        model, kind = getattr(item, "model", None), getattr(item, "kind", None)
-        if not isinstance(model, str) or not isinstance(kind, str):
+        if not isinstance(item, ProcessEvent):
             return
-        if kind == "starting":
+        model = item.model
+        if item.kind == "starting":
             self.starts.labels(model).inc()
             if model in self._started_once:
                 self.restarts.labels(model).inc()
             self._started_once.add(model)
-        elif kind == "ready":
-            duration = getattr(item, "duration", None)
-            if isinstance(duration, int | float):
-                self.load_seconds.labels(model).observe(duration)
-        elif kind == "exited":
+        elif item.kind == "ready":
+            if item.duration is not None:
+                self.load_seconds.labels(model).observe(item.duration)
+        elif item.kind == "exited":
             self.unexpected_exits.labels(model).inc()
-        elif kind == "start_failed":
+        elif item.kind == "start_failed":
             self.start_failures.labels(model).inc()
 
     def on_request(self, request: web.Request, record: AccessRecord, status: int, seconds: float) -> None:

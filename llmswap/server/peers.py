@@ -16,8 +16,7 @@ from aiohttp import web
 from yarl import URL
 
 from llmswap.config.model import Config, PeerConfig
-from llmswap.server.pool import upstream_pool
-from llmswap.server.proxy import Body, SseErrorFormatter, forward, openai_sse_error
+from llmswap.server.proxy import Body, SseErrorFormatter, forward, openai_sse_error, upstream_pool
 from llmswap.server.state import state
 from llmswap.server.watchdog import Watchdog
 

@@ -1,8 +1,8 @@
 """Forwarding one HTTP request to an upstream and relaying its answer as it arrives.
 
-Owns `forward` (the request out over the connection pool of `llmswap.server.pool`, the response back, byte
-for byte and unbuffered), what a client sees when the upstream fails before or during the answer, and
-noticing a client that hung up while its request waits or streams.
+Owns the server's handle on the upstream pool (`llmswap.dispatch.pool`), `forward` (the request out, the
+response back, byte for byte and unbuffered), what a client sees when the upstream fails before or during
+the answer, and noticing a client that hung up while its request waits or streams.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 from yarl import URL
 
+from llmswap.dispatch import Dispatcher, UpstreamPool
+from llmswap.dispatch.pool import Body, SplicedBody, send
 from llmswap.server.errors import error_body, error_response
 from llmswap.server.inflight import note_relayed
 from llmswap.server.middleware import note_answering
-from llmswap.server.pool import Body, SplicedBody, send
+from llmswap.server.state import STATE, ServerState
 from llmswap.server.watchdog import Watchdog, WatchdogExpired
 
 log = logging.getLogger("llmswap.proxy")
@@ -52,12 +54,40 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first", 
 DISCONNECT_POLL = 0.1  # seconds between checks that the client is still connected
 _ERROR_BODY_LIMIT = 64 * 1024
 
+UPSTREAMS_KEY = "upstreams"  # ServerState.extras key of the pool
+DISPATCHER_KEY = "dispatcher"  # ServerState.extras key of the dispatcher
+
 SseErrorFormatter = Callable[[int, str], bytes]
 
 
 def openai_sse_error(status: int, message: str) -> bytes:
     """An error inside an OpenAI-style event stream: the error envelope as one event, then `[DONE]`."""
     return b"data: " + error_body(status, message) + b"\n\ndata: [DONE]\n\n"
+
+
+# -------------------------------------------------------------------------------- connection pool
+
+
+def upstream_pool(app_or_state: web.Application | ServerState) -> UpstreamPool:
+    """The server's pool, created on first use and kept in `state.extras["upstreams"]` (closed on cleanup)."""
+    server_state = app_or_state[STATE] if isinstance(app_or_state, web.Application) else app_or_state
+    return server_state.extra(UPSTREAMS_KEY, UpstreamPool, UpstreamPool)
+
+
+def dispatcher(app_or_state: web.Application | ServerState) -> Dispatcher:
+    """The server's dispatch path (over its pool and its live router), made on first use."""
+    server_state = app_or_state[STATE] if isinstance(app_or_state, web.Application) else app_or_state
+    def make() -> Dispatcher:
+        return Dispatcher(upstream_pool(server_state), lambda: server_state.router)
+
+    return server_state.extra(DISPATCHER_KEY, Dispatcher, make)
+
+
+async def close_upstream_pool(app: web.Application) -> None:
+    """`on_cleanup` hook: close every upstream session."""
+    pool = app[STATE].extras.get(UPSTREAMS_KEY)
+    if isinstance(pool, UpstreamPool):
+        await pool.close()
 
 
 # -------------------------------------------------------------------------------- forwarding

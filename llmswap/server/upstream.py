@@ -32,8 +32,8 @@ from llmswap.server.inference import ROUTES, BodyTooLarge, read_body, request_pr
 from llmswap.server.inflight import tracker_of
 from llmswap.server.middleware import CLIENT_GONE, note_model, too_large_message
 from llmswap.server.peers import forward_to_peer, peer_headers, resolve_peer
-from llmswap.server.pool import upstream_pool
 from llmswap.server.profiles import active_profile
+from llmswap.server.proxy import upstream_pool
 from llmswap.server.resolve import MalformedRequest
 from llmswap.server.state import request_api_key, state
 
@@ -202,16 +202,15 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str)
     key = request_api_key(request)
     try:
         async with contextlib.AsyncExitStack() as stack:
-            waiting = stack.enter_async_context(server.router.acquire(
-                target.model, priority=priority, api_key=key.key if key is not None else None,
+            waiting = stack.enter_async_context(proxy.dispatcher(server).lease(
+                target.model, origin="http", priority=priority, api_key=key.key if key is not None else None,
             ))
-            granted = await proxy.while_connected(request, waiting, on_gone=lambda: None)
-            if granted is None:
+            lease = await proxy.while_connected(request, waiting, on_gone=lambda: None)
+            if lease is None:
                 return web.Response(status=CLIENT_GONE)
             # The grant's config, not the one read above: a reload may have changed the model meanwhile.
-            url = proxy.upstream_url(granted.config.proxy, target.path, query)
-            session = pool.session(target.model, granted.config.timeouts)
-            return await websocket.relay(request, url, session, model=target.model)
+            url = proxy.upstream_url(lease.config.proxy, target.path, query)
+            return await websocket.relay(request, url, lease.session, model=target.model)
     except SchedulerError as err:
         return scheduler_error_response(request, err)
 
@@ -221,20 +220,17 @@ async def _to_model(
 ) -> web.StreamResponse:
     server = state(request)
     key = request_api_key(request)
-    pool = upstream_pool(server)
     try:
         async with contextlib.AsyncExitStack() as stack:
-            waiting = stack.enter_async_context(server.router.acquire(
-                model_id, priority=priority, api_key=key.key if key is not None else None,
+            waiting = stack.enter_async_context(proxy.dispatcher(server).lease(
+                model_id, origin="http", priority=priority, api_key=key.key if key is not None else None,
             ))
             # A client that hangs up while its request waits leaves the queue.
-            granted = await proxy.while_connected(request, waiting, on_gone=lambda: None)
-            if granted is None:
+            lease = await proxy.while_connected(request, waiting, on_gone=lambda: None)
+            if lease is None:
                 return web.Response(status=CLIENT_GONE)
-            config = granted.config
             return await proxy.forward(
-                request, base_url=config.proxy, path=path, session=pool.session(model_id, config.timeouts),
-                body=body,
+                request, base_url=lease.config.proxy, path=path, session=lease.session, body=body,
             )
     except SchedulerError as err:
         return scheduler_error_response(request, err)

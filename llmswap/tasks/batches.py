@@ -20,8 +20,11 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
+from llmswap.config.model import Config, TasksConfig
+from llmswap.dispatch import Dispatcher
 from llmswap.tasks import batch_store as store
 from llmswap.tasks.batch_input import (
     COMPLETION_WINDOWS,
@@ -43,10 +46,6 @@ from llmswap.tasks.db import (
     insert_tasks,
     job_tasks,
 )
-
-if TYPE_CHECKING:
-    from llmswap.config.model import Config
-    from llmswap.tasks.service import TaskService
 
 log = logging.getLogger("llmswap.tasks.batches")
 
@@ -76,10 +75,22 @@ class BatchView:
         return self.batch.as_openai(self.counts)
 
 
+class BatchHost(Protocol):
+    """What the Batch API needs of the task service it runs on (`llmswap.tasks.service.TaskService`)."""
+
+    db: Path
+    tasks: TasksConfig
+    dispatcher: Dispatcher
+
+    def add_batch_types(self, types: Mapping[str, str]) -> None: ...
+    def enqueue_threadsafe(self, task_id: int, task_type: str, job_id: int) -> None: ...
+    def discard_threadsafe(self, task_id: int) -> None: ...
+
+
 class Batches:
     """The Batch API of one TaskService. Methods touching the database block: call them off the loop."""
 
-    def __init__(self, service: TaskService) -> None:
+    def __init__(self, service: BatchHost) -> None:
         self.service = service
         self.db = service.db
         # The poll loop and a cancel may both find a batch done: one of them writes its files.
@@ -123,15 +134,18 @@ class Batches:
             log.warning("batch %s: the input file %s is invalid (%d error(s)); nothing runs",
                         failed.id, input_file_id, len(errors))
             return self.view(failed)
-        batch = store.add_batch(self.db, **common, total=len(lines), status="in_progress")
-        self._queue(config, batch, endpoint, lines)
+        # Under the poll's lock: a tick between the batch's row and its requests' rows would find nothing
+        # pending and end the batch empty.
+        with self._finishing:
+            batch = store.add_batch(self.db, **common, total=len(lines), status="in_progress")
+            self._queue(config, batch, endpoint, lines)
         return self.view(batch)
 
     def _queue(self, config: Config, batch: store.StoredBatch, endpoint: str, lines: list[BatchLine]) -> None:
         resolved = {line.model: config.real_model_name(line.model) for line in lines}
         known = {model for model in resolved.values() if model is not None}
         types = {f"{store.BATCH_TYPE_PREFIX}{model}": model for model in known}
-        # The types first: the scheduler then accepts the rows, and a restart meanwhile loads them back.
+        # The types first: the lanes then accept the rows, and a restart meanwhile loads them back.
         self.service.add_batch_types(types)
         rows = [
             (f"{store.BATCH_TYPE_PREFIX}{resolved[line.model] or line.model}", batch.seq,
@@ -139,13 +153,12 @@ class Batches:
             for line in lines
         ]
         ids = insert_tasks(self.db, rows)
-        scheduler = self.service.scheduler
-        for task_id, line, (task_type, _, params) in zip(ids, lines, rows, strict=True):
+        for task_id, line, (task_type, _, _) in zip(ids, lines, rows, strict=True):
             if resolved[line.model] is None:
                 why = f"{_MODEL_NOT_FOUND}: no model or alias {line.model!r} in this config"
                 fail_unfinished_task(self.db, task_id, why)
             else:
-                scheduler.enqueue(task_id, task_type, batch.seq, params, bounded=False)
+                self.service.enqueue_threadsafe(task_id, task_type, batch.seq)
         log.info("batch %s: %d request(s) queued for %s", batch.id, len(lines), sorted(set(types.values())))
 
     def view(self, batch: store.StoredBatch) -> BatchView:
@@ -184,7 +197,7 @@ class Batches:
     def _drop_queued(self, batch: store.StoredBatch, error: str) -> None:
         for row in job_tasks(self.db, batch.seq, store.BATCH_TYPE_PREFIX, TaskStatus.QUEUED.value):
             if cancel_task(self.db, row.id, error=error):
-                self.service.scheduler.discard(row.id)
+                self.service.discard_threadsafe(row.id)
 
     def _finish_if_done(self, batch: store.StoredBatch) -> None:
         expires_at = batch.times.get("expires_at")
@@ -213,21 +226,17 @@ class Batches:
 
     async def run(self, row: TaskRow) -> dict[str, Any]:
         """Send one request of a batch through the router; its status and body, whatever the status."""
-        from llmswap.server.filters import apply_plan
-        from llmswap.server.inference import local_plan
-
         params: Mapping[str, Any] = row.params if isinstance(row.params, dict) else {}
         model = row.task_type[len(store.BATCH_TYPE_PREFIX):]
         body = dict(params.get("body") or {})
         if "stream" in body:
             body["stream"] = False  # a batch stores whole answers
         requested = str(params.get("model") or model)
-        service = self.service
-        async with service.router_of().acquire(model, priority=service.tasks.priority) as process:
-            body, _ = apply_plan(body, local_plan(process.config, requested))
-            url = process.config.proxy.rstrip("/") + str(params.get("url") or "/v1/chat/completions")
-            async with service.http_session().post(url, json=body) as response:
-                status, text = response.status, await response.text()
+        path = str(params.get("url") or "/v1/chat/completions")
+        answer = await self.service.dispatcher.post_json(
+            model, path, body, requested=requested, origin="batch", priority=self.service.tasks.priority
+        )
+        status, text = answer.status, answer.text
         try:
             parsed: Any = json.loads(text)
         except ValueError:

@@ -2,8 +2,8 @@
 
 The scheduler and the free threads only ever call a `RunTaskFn`; they never know what a task does. The
 default one (`make_run_task`) looks a handler up by task type. A handler is a plain blocking callable on
-the worker's thread, which is what lets the server mode hand a task to the router on its event loop
-(`asyncio.run_coroutine_threadsafe(...).result()`) while a synchronous app does the work inline.
+the worker's thread: a synchronous app does the work inline. (A server runs its tasks on asyncio lanes,
+`lanes.py`, without this module.)
 """
 
 from __future__ import annotations

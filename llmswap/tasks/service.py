@@ -1,11 +1,12 @@
 """Server mode of the task queue: the `tasks:` section's types run through the proxy's own router.
 
-The TaskScheduler keeps its threaded design (batch workers per type, deepest queue first); each task's
-handler hops onto the server's event loop and sends the task's params (an OpenAI request body) through
-`router.acquire`, so tasks share swapping, queueing and priorities with HTTP traffic (at
-`tasks.priority`, below interactive requests by default). Rows written by the CLI while the server runs
-are picked up by a poll of the database. The OpenAI Batch API (`batches.py`) adds `batch:<model>` types
-beside the configured ones, and the same poll finishes the batches whose requests are all done.
+The task queue is a client of the router: its lanes (`lanes.py`, asyncio, on the server's loop) send each
+task's params (an OpenAI request body) down the one dispatch path HTTP requests take, so tasks share
+swapping, queueing, priorities, filters and timeouts with HTTP traffic (at `tasks.priority`, below
+interactive requests by default), and which types run side by side is the router's eviction policy's
+answer. Rows written by the CLI while the server runs are picked up by a poll of the database. The OpenAI
+Batch API (`batches.py`) adds `batch:<model>` types beside the configured ones, and the same poll
+finishes the batches whose requests are all done.
 """
 
 from __future__ import annotations
@@ -14,15 +15,12 @@ import asyncio
 import dataclasses
 import json
 import logging
-import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from llmswap.config.model import Config, TasksConfig
+from llmswap.dispatch import Dispatcher, UpstreamUnreachable
 from llmswap.tasks.batch_store import BATCH_TYPE_PREFIX, batch_types_queued, init_batch_tables
 from llmswap.tasks.batches import Batches
 from llmswap.tasks.db import (
@@ -35,13 +33,9 @@ from llmswap.tasks.db import (
     reset_running_tasks,
     task_stats,
 )
-from llmswap.tasks.execution import make_run_task
-from llmswap.tasks.scheduler import BYTES_PER_GB, TaskScheduler
+from llmswap.tasks.lanes import TaskLanes, claiming, log_failure
 
 log = logging.getLogger("llmswap.tasks")
-
-# One "unit" per type when llmswap cannot tell which models fit together: one batch at a time.
-_ONE_BATCH = 1.0
 
 
 class TaskError(Exception):
@@ -50,15 +44,6 @@ class TaskError(Exception):
 
 class UnknownTaskType(ValueError):
     pass
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """What the TaskScheduler may run at once: per-type budgets and the total, in GB (or batch units)."""
-
-    budgets: Mapping[str, float]
-    available: float
-    unit: str  # "GB" or "batch"
 
 
 def endpoint_for(params: Mapping[str, Any]) -> str:
@@ -78,38 +63,20 @@ def endpoint_for(params: Mapping[str, Any]) -> str:
     )
 
 
-def plan_capacity(tasks: TasksConfig, router: Any, batch_types: Mapping[str, str] | None = None) -> Capacity:
-    """Budgets per task type (the configured ones, and `batch_types`: type -> model) and their total.
-
-    Under the vram router the budgets are real: each type's `vram` (else its model's footprint) against
-    the router's memory budget. Other routers cannot tell which models fit together, so types run one
-    batch at a time — what a group router with one model loaded at a time needs to avoid swap storms.
-    """
-    book = getattr(router, "book", None)
-    swapper_budgets = getattr(getattr(router, "swapper", None), "budgets", None)
-    extra = batch_types or {}
-    if book is not None and swapper_budgets:
-        budgets = {
-            name: (t.vram if t.vram is not None else book.footprint(t.model)) / BYTES_PER_GB
-            for name, t in tasks.types.items()
-        }
-        budgets.update({name: book.footprint(model) / BYTES_PER_GB for name, model in extra.items()})
-        return Capacity(budgets, sum(swapper_budgets.values()) / BYTES_PER_GB, "GB")
-    return Capacity({name: _ONE_BATCH for name in (*tasks.types, *extra)}, _ONE_BATCH, "batch")
-
-
 class TaskService:
-    """Owns the TaskScheduler of one server; `router_of()` gives the live router (it changes on reload).
+    """Owns the task lanes of one server; `router_of()` gives the live router (it changes on reload).
 
-    A config reload reaches it through `reconfigure`: types, models, priority, budgets and queue depth
-    change in place, without stopping a batch that is running. A reload without `tasks:` disables the
-    queue (rows stay in the database); `tasks.db` itself only changes with a restart.
+    A config reload reaches it through `reconfigure`: types, models, priority and queue depth change in
+    place, without stopping a batch that is running. A reload without `tasks:` disables the queue (rows
+    stay in the database); `tasks.db` itself only changes with a restart. Every method runs on the event
+    loop; the database work goes to worker threads.
     """
 
     def __init__(
         self,
         config: Config,
         router_of: Callable[[], Any],
+        dispatcher: Dispatcher,
         loop: asyncio.AbstractEventLoop,
         *,
         poll_interval: float = 1.0,
@@ -118,24 +85,24 @@ class TaskService:
         self.tasks: TasksConfig = config.tasks
         self.db: Path = self.tasks.db
         self._router_of = router_of
+        self.dispatcher = dispatcher
         self._loop = loop
         self._poll_interval = poll_interval
-        self._session: aiohttp.ClientSession | None = None
-        self._scheduler: TaskScheduler | None = None
         self._poller: asyncio.Task[None] | None = None
-        # Guards the task types and budgets: a reload changes them on the event loop, a batch being
-        # created adds its types from the thread it runs on.
-        self._types_lock = threading.Lock()
         self.enabled = True  # False after a reload dropped the `tasks:` section
         # `batch:<model>` task types of the Batch API in use (type -> model): they outlive reloads.
         self._batch_types: dict[str, str] = {}
-        self.capacity = plan_capacity(self.tasks, router_of())
+        self.lanes = TaskLanes(
+            self.db, claiming(self.db, self._run), model_of=self._model_of, fits=self._fit_together,
+            max_queue_depth=self.tasks.max_queue_depth,
+        )
         self.batches = Batches(self)
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Fail what a crash left running, reload what was queued, start the batch loop."""
+        """Fail what a crash left running and prepare the database (before any request is served: at
+        startup, or inside the reload that adds `tasks:`), then load what was queued and start polling."""
         init_db(self.db)
         init_batch_tables(self.db)
         interrupted = reset_running_tasks(self.db)
@@ -143,18 +110,12 @@ class TaskService:
             log.warning("tasks: %d task(s) were running when llmswap stopped; marked failed", interrupted)
         # Batches queued before a restart carry on: their types must be known before the rows load.
         self._batch_types = {t: t[len(BATCH_TYPE_PREFIX):] for t in batch_types_queued(self.db)}
-        self.capacity = plan_capacity(self.tasks, self._router_of(), self._batch_types)
-        self._scheduler = TaskScheduler(
-            self.db,
-            make_run_task(fallback=self._handle),
-            llm_task_types=self._all_types(),
-            budgets=self.capacity.budgets,
-            available_vram=self.capacity.available,
-            max_queue_depth=self.tasks.max_queue_depth,
-        )
-        self._scheduler.start()
+        self._after(self.lanes.load(self.lanes.set_types(self._all_types(), self.tasks.max_queue_depth)))
         self._poller = self._loop.create_task(self._poll_database(), name="tasks-db-poll")
-        log.info("tasks: %s, types %s, %s", self.db, sorted(self.tasks.types), _capacity_text(self.capacity))
+        log.info("tasks: %s, types %s", self.db, sorted(self.tasks.types))
+
+    def _after(self, work: Coroutine[Any, Any, None]) -> None:
+        self._loop.create_task(work).add_done_callback(log_failure("loading the queued tasks"))
 
     def reconfigure(self, config: Config) -> None:
         """Follow a reloaded config (see the class docstring)."""
@@ -171,91 +132,77 @@ class TaskService:
                 log.error("tasks: tasks.db changed from %s to %s; that takes a restart, the queue keeps "
                           "using %s", self.db, tasks.db, self.db)
                 tasks = dataclasses.replace(tasks, db=self.db)
-        with self._types_lock:
-            capacity = plan_capacity(tasks, self._router_of(), self._batch_types)
-            if tasks == self.tasks and capacity == self.capacity:
-                return
-            self.tasks, self.capacity = tasks, capacity
-            self._apply_types()
+        if tasks == self.tasks:
+            return
+        self.tasks = tasks
+        self._after(self.lanes.load(self.lanes.set_types(self._all_types(), tasks.max_queue_depth)))
         if self.enabled:
-            log.info("tasks: reconfigured: types %s, priority %d, %s", sorted(tasks.types), tasks.priority,
-                     _capacity_text(capacity))
+            log.info("tasks: reconfigured: types %s, priority %d", sorted(tasks.types), tasks.priority)
 
     def add_batch_types(self, types: Mapping[str, str]) -> None:
-        """Make `batch:<model>` types (type -> model) known to the scheduler, with budgets like any type."""
-        with self._types_lock:
-            new = {name: model for name, model in types.items() if name not in self._batch_types}
-            if not new:
-                return
+        """Make `batch:<model>` types (type -> model) known to the lanes, like any configured type.
+
+        Called from the worker thread that creates a batch: the change hops onto the loop, ahead of the
+        batch's rows (`enqueue_threadsafe` keeps that order)."""
+        new = {name: model for name, model in types.items() if name not in self._batch_types}
+        if new:
             self._batch_types.update(new)
-            self.capacity = plan_capacity(self.tasks, self._router_of(), self._batch_types)
-            self._apply_types()
+            self._loop.call_soon_threadsafe(self.lanes.set_types, self._all_types())
 
     def _all_types(self) -> list[str]:
         return [*self.tasks.types, *self._batch_types]
 
-    def _apply_types(self) -> None:
-        self.scheduler.reconfigure(
-            llm_task_types=self._all_types(),
-            budgets=self.capacity.budgets,
-            available_vram=self.capacity.available,
-            max_queue_depth=self.tasks.max_queue_depth,
-        )
+    def _fit_together(self, models: Collection[str]) -> bool:
+        return bool(self._router_of().fit_together(models))
+
+    def _model_of(self, task_type: str) -> str | None:
+        configured = self.tasks.types.get(task_type)
+        return configured.model if configured is not None else self._batch_types.get(task_type)
 
     def router_of(self) -> Any:
         return self._router_of()
-
-    def http_session(self) -> aiohttp.ClientSession:
-        """One session for every request a task sends (made on the event loop, on first use)."""
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
-        return self._session
 
     async def shutdown(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
-        if self._scheduler is not None:
-            # Workers may be blocked on requests that this loop must finish: stop them off the loop.
-            await asyncio.to_thread(self._scheduler.shutdown, 5.0)
-        if self._session is not None:
-            await self._session.close()
+        await self.lanes.shutdown(5.0)
 
-    @property
-    def scheduler(self) -> TaskScheduler:
-        if self._scheduler is None:
-            raise RuntimeError("task service not started")
-        return self._scheduler
+    # ------------------------------------------------------------------ API
 
-    # ------------------------------------------------------------------ API (event-loop side)
+    def enqueue_threadsafe(self, task_id: int, task_type: str, job_id: int) -> None:
+        """Queue a row written from a worker thread (a batch being created): on the loop, in call order."""
+        self._loop.call_soon_threadsafe(lambda: self.lanes.enqueue(task_id, task_type, job_id, bounded=False))
 
-    def submit(self, task_type: str, job_id: int | None, params: Any) -> tuple[int, bool]:
+    def discard_threadsafe(self, task_id: int) -> None:
+        self._loop.call_soon_threadsafe(self.lanes.discard, task_id)
+
+    async def submit(self, task_type: str, job_id: int | None, params: Any) -> tuple[int, bool]:
         if task_type not in self.tasks.types:
             known = ", ".join(sorted(self.tasks.types)) or "none configured"
             raise UnknownTaskType(f"unknown task type {task_type!r} (configured: {known})")
         # Without a job id every submission is its own task; with one, a duplicate of a queued or
         # running (type, job) is not queued again (the seed's dedupe).
-        task_id, is_new = insert_task(self.db, task_type, job_id or 0, params, dedupe=job_id is not None)
+        task_id, is_new = await asyncio.to_thread(
+            insert_task, self.db, task_type, job_id or 0, params, dedupe=job_id is not None
+        )
         if is_new:
-            self.scheduler.enqueue(task_id, task_type, job_id or 0, params)
+            self.lanes.enqueue(task_id, task_type, job_id or 0)
         return task_id, is_new
 
-    def cancel(self, task_id: int) -> bool:
-        cancelled = cancel_task(self.db, task_id)
+    async def cancel(self, task_id: int) -> bool:
+        cancelled = await asyncio.to_thread(cancel_task, self.db, task_id)
         if cancelled:
-            self.scheduler.discard(task_id)
+            self.lanes.discard(task_id)
         return cancelled
 
-    def stats(self) -> dict[str, Any]:
-        snap = self.scheduler.snapshot()
+    async def stats(self) -> dict[str, Any]:
+        snap = self.lanes.snapshot()
         return {
-            "counts": task_stats(self.db),
+            "counts": await asyncio.to_thread(task_stats, self.db),
             "queue_depths": dict(snap.queue_depths),
-            "active_batches": sorted(snap.active_types),
+            "active_batches": list(snap.active_types),
             "batches_started": dict(snap.batches_started),
-            "reserved": snap.reserved_vram,
-            "available": snap.available_vram,
-            "unit": self.capacity.unit,
         }
 
     async def _poll_database(self) -> None:
@@ -263,32 +210,23 @@ class TaskService:
         while True:
             await asyncio.sleep(self._poll_interval)
             try:
-                rows = await asyncio.to_thread(queued_tasks, self.db, self.tasks.types.keys())
+                rows = await asyncio.to_thread(queued_tasks, self.db, set(self.tasks.types))
             except Exception:
                 log.exception("tasks: polling %s failed", self.db)
                 continue
-            pending = set()
-            for task_type in self.tasks.types:
-                pending.update(self.scheduler.pending_ids(task_type))
+            pending = self.lanes.pending_ids()
             for row in rows:
                 # A reload may have dropped the row's type while the database was read.
-                if row.id not in pending and self.scheduler.handles(row.task_type):
-                    self.scheduler.enqueue(row.id, row.task_type, row.job_id, row.params)
+                if row.id not in pending and self.lanes.handles(row.task_type):
+                    self.lanes.enqueue(row.id, row.task_type, row.job_id)
             try:
                 await asyncio.to_thread(self.batches.tick)
             except Exception:
                 log.exception("tasks: checking the batches in %s failed", self.db)
 
-    # ------------------------------------------------------------------ running one task (worker thread)
-
-    def _handle(self, row: TaskRow) -> Any:
-        future = asyncio.run_coroutine_threadsafe(self._run(row), self._loop)
-        return future.result()
+    # ------------------------------------------------------------------ running one task
 
     async def _run(self, row: TaskRow) -> Any:
-        from llmswap.server.filters import apply_plan
-        from llmswap.server.inference import local_plan
-
         if row.task_type.startswith(BATCH_TYPE_PREFIX):
             return await self.batches.run(row)
 
@@ -301,22 +239,19 @@ class TaskService:
         requested = str(body.get("model") or task_type.model)
         body["model"] = requested
         body["stream"] = False
-        router = self._router_of()
-        async with router.acquire(task_type.model, priority=self.tasks.priority) as process:
-            body, _ = apply_plan(body, local_plan(process.config, requested))
-            async with self.http_session().post(process.config.proxy.rstrip("/") + path, json=body) as resp:
-                text = await resp.text()
-                if resp.status != 200:
-                    raise TaskError(f"{task_type.model} answered {resp.status}: {text[:500]}")
         try:
-            json.loads(text)
+            answer = await self.dispatcher.post_json(
+                task_type.model, path, body, requested=requested, origin="task", priority=self.tasks.priority
+            )
+        except UpstreamUnreachable as exc:
+            raise TaskError(str(exc)) from exc
+        if answer.status != 200:
+            raise TaskError(f"{task_type.model} answered {answer.status}: {answer.text[:500]}")
+        try:
+            json.loads(answer.text)
         except ValueError as exc:
-            raise TaskError(f"{task_type.model} answered non-JSON: {text[:200]}") from exc
-        return text
-
-
-def _capacity_text(capacity: Capacity) -> str:
-    return "one batch at a time" if capacity.unit == "batch" else f"{capacity.available:.1f} GB shared"
+            raise TaskError(f"{task_type.model} answered non-JSON: {answer.text[:200]}") from exc
+        return answer.text
 
 
 def row_json(row: TaskRow) -> dict[str, Any]:

@@ -11,22 +11,14 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from llmswap.config.model import ModelConfig
+from llmswap.process.events import EventKind, ProcessEvent, StopCause
 from llmswap.process.state import ProcessState
 
 
 class FakeStartError(Exception):
     pass
-
-
-@dataclass(frozen=True)
-class FakeEvent:
-    model: str
-    kind: str
-    exit_code: int | None = None
-    detail: str = ""
 
 
 @dataclass
@@ -42,7 +34,9 @@ class FakeScript:
 
 
 class FakeProcess:
-    def __init__(self, config: ModelConfig, on_event: Callable[[Any], None], script: FakeScript) -> None:
+    def __init__(
+        self, config: ModelConfig, on_event: Callable[[ProcessEvent], None], script: FakeScript
+    ) -> None:
         self.id = config.id
         self.config = config
         self._on_event = on_event
@@ -61,12 +55,12 @@ class FakeProcess:
     def in_flight(self) -> int:
         return self._in_flight
 
-    def _set(self, state: ProcessState, kind: str | None = None) -> None:
+    def _set(self, state: ProcessState, kind: EventKind | None = None) -> None:
         self._state = state
         if self._script.on_state is not None:
             self._script.on_state(self.id, state)
         if kind is not None:
-            self._on_event(FakeEvent(self.id, kind))
+            self._on_event(ProcessEvent(self.id, kind))
 
     async def ensure_ready(self) -> None:
         if self._state is ProcessState.READY:
@@ -90,7 +84,7 @@ class FakeProcess:
         self.pid = 1000 + len(self._script.starts)
         self._set(ProcessState.READY, "ready")
 
-    async def stop(self, timeout: float | None = None, *, reason: str = "stop requested") -> None:
+    async def stop(self, timeout: float | None = None, *, cause: StopCause = StopCause.REQUESTED) -> None:
         if self._state in (ProcessState.STOPPED, ProcessState.SHUTDOWN):
             return
         self._set(ProcessState.STOPPING, "stopping")
@@ -100,11 +94,11 @@ class FakeProcess:
             self._state = ProcessState.STOPPED
             if self._script.on_state is not None:
                 self._script.on_state(self.id, ProcessState.STOPPED)
-            self._on_event(FakeEvent(self.id, "stopped", detail=reason))
+            self._on_event(ProcessEvent(self.id, "stopped", detail=cause.value, cause=cause))
 
     async def expire(self) -> None:
         """Stop as the TTL would: behind the scheduler's back."""
-        await self.stop(reason="ttl expired")
+        await self.stop(cause=StopCause.TTL)
 
     async def shutdown(self, timeout: float = 1.0) -> None:
         await self.stop(timeout)
@@ -119,8 +113,8 @@ class FakeProcess:
             self._in_flight -= 1
 
 
-def fake_factory(script: FakeScript) -> Callable[[ModelConfig, Callable[[Any], None]], FakeProcess]:
-    def make(config: ModelConfig, on_event: Callable[[Any], None]) -> FakeProcess:
+def fake_factory(script: FakeScript) -> Callable[[ModelConfig, Callable[[ProcessEvent], None]], FakeProcess]:
+    def make(config: ModelConfig, on_event: Callable[[ProcessEvent], None]) -> FakeProcess:
         return FakeProcess(config, on_event, script)
 
     return make

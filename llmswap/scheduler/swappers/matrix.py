@@ -1,7 +1,7 @@
 """The matrix router's eviction policy: keep the cheapest allowed combination beside the target.
 
-The decision itself lives in the compiled `MatrixProgram` (see `matrix_dsl`); this adapter gives it
-the `Swapper` shape and writes the one log line per committed swap.
+The decision itself lives in the compiled `MatrixProgram` (see `llmswap.config.matrix_dsl`); this adapter
+gives it the `Swapper` shape and writes the one log line per committed swap.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from llmswap.scheduler.swappers.matrix_dsl import MatrixProgram
+from llmswap.config.matrix_dsl import MatrixProgram
 
 
 class MatrixSwapper:

@@ -20,8 +20,8 @@ from llmswap.config.model import (
     TaskTypeConfig,
 )
 from llmswap.server.reload import apply_config
+from llmswap.server.tasks_http import task_service
 from llmswap.tasks.db import insert_task
-from llmswap.tasks.http import task_service
 from tests.helpers.models import demo_config
 from tests.helpers.wait import eventually
 from tests.integration.server.conftest import ServeConfig

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from llmswap.config.model import Config, PeerConfig
-from llmswap.server.pool import upstream_pool
+from llmswap.server.proxy import upstream_pool
 from tests.integration.server.conftest import ServeConfig, Served, until
 
 CHAT = {"model": "pm", "messages": [{"role": "user", "content": "hi"}]}

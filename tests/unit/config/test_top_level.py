@@ -298,6 +298,11 @@ tasks:
         "embed": TaskTypeConfig("embed", "a"),
         "summarize": TaskTypeConfig("summarize", "b", vram=7 * 10**9),
     }
+    # Memory is budgeted once, by the router, from the model's footprint: a type's own vram is not used.
+    assert config.warnings == (
+        "/srv/llmswap/config.yaml:12: tasks.types.summarize.vram: not used: the router budgets the memory "
+        "of the model itself (its footprint); declare it as models.b.vram instead",
+    )
 
 
 def test_tasks_defaults() -> None:

@@ -9,7 +9,8 @@ import pytest
 from llmswap.config.model import Config, GroupConfig, ModelConfig, RouterConfig, RoutingConfig
 from llmswap.process.state import ProcessState
 from llmswap.router import build_router
-from llmswap.router.base import BaseRouter, SwapFinished, SwapStarted
+from llmswap.router.base import BaseRouter
+from llmswap.router.types import SwapFinished, SwapStarted
 from llmswap.scheduler.errors import ConcurrencyLimit, ModelNotFound, ModelUnloaded, ShuttingDown, SwapFailed
 from tests.helpers.fake_process import FakeProcess, FakeScript, fake_factory
 

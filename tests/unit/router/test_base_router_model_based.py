@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 
+from llmswap.config.matrix_dsl import compile_matrix
 from llmswap.config.model import (
     Config,
     GroupConfig,
@@ -24,7 +25,6 @@ from llmswap.config.model import (
 from llmswap.process.state import ProcessState
 from llmswap.router import build_router
 from llmswap.scheduler.errors import SchedulerError
-from llmswap.scheduler.swappers.matrix_dsl import compile_matrix
 from tests.helpers.fake_process import FakeScript, fake_factory
 
 MODELS = ("a", "b", "c", "d", "e")

@@ -6,12 +6,12 @@ import logging
 
 import pytest
 
+from llmswap.config.matrix_dsl import compile_matrix
 from llmswap.config.model import DEFAULT_GROUP_ID, GroupConfig
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.fifo import FifoScheduler
 from llmswap.scheduler.swappers.group import GroupSwapper
 from llmswap.scheduler.swappers.matrix import MatrixSwapper
-from llmswap.scheduler.swappers.matrix_dsl import compile_matrix
 from llmswap.scheduler.types import Swapper
 from tests.unit.scheduler.fakes import FakeEffects, ManualClock, RequestFactory
 

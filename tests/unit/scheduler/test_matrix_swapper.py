@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmswap.scheduler.swappers.matrix import MatrixSwapper
-from llmswap.scheduler.swappers.matrix_dsl import (
+from llmswap.config.matrix_dsl import (
     AllOf,
     AnyOf,
     Leaf,
@@ -22,6 +21,7 @@ from llmswap.scheduler.swappers.matrix_dsl import (
     compile_matrix,
     parse_set,
 )
+from llmswap.scheduler.swappers.matrix import MatrixSwapper
 
 NAMED_MODELS = ["gemma", "qwen", "mistral", "voxtral", "llama70B", "reranker"]
 VARS_BASIC = {"g": "gemma", "q": "qwen", "m": "mistral", "v": "voxtral", "L": "llama70B", "e": "reranker"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmswap.server.pool import Attempt, may_resend
+from llmswap.dispatch.pool import Attempt, may_resend
 
 
 def test_a_fresh_connection_that_broke_is_never_resent() -> None:

@@ -6,8 +6,8 @@ import asyncio
 import json
 
 from llmswap.config.model import ModelConfig
-from llmswap.server.filters import FilterPlan
-from llmswap.server.inference import local_plan, outgoing_body
+from llmswap.dispatch.filters import FilterPlan, local_plan
+from llmswap.server.inference import outgoing_body
 from llmswap.server.proxy import SplicedBody, upstream_url
 from llmswap.server.resolve import identify
 

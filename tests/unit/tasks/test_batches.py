@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 
+import llmswap.tasks.batches as batches_module
+from llmswap.config.model import Config, ModelConfig, TasksConfig
 from llmswap.tasks import batch_store as store
 from llmswap.tasks.batch_input import answered, jsonl, parse_input, unanswered
-from llmswap.tasks.batches import EXPIRED_ERROR, _record
+from llmswap.tasks.batches import EXPIRED_ERROR, Batches, _record
 from llmswap.tasks.db import (
     CANCELLED_ERROR,
     INTERRUPTED_ERROR,
@@ -17,6 +20,7 @@ from llmswap.tasks.db import (
     claim_task,
     fail_unfinished_task,
     finish_task,
+    init_db,
     insert_tasks,
     job_tasks,
 )
@@ -125,3 +129,51 @@ def test_files_keep_their_bytes(db: Path) -> None:
     assert store.get_file(db, kept.id) == kept and kept.as_openai()["bytes"] == 8
     assert [f.id for f in store.list_files(db, "batch")] == [kept.id]
     assert store.delete_file(db, kept.id) and store.file_content(db, kept.id) is None
+
+
+class _Host:
+    """The little a Batches needs of its task service here: the database and where rows go."""
+
+    def __init__(self, db: Path) -> None:
+        self.db = db
+        self.tasks = TasksConfig(db=db, types={})
+        self.dispatcher = None
+        self.queued: list[int] = []
+
+    def add_batch_types(self, types: object) -> None:
+        pass
+
+    def enqueue_threadsafe(self, task_id: int, task_type: str, job_id: int) -> None:
+        self.queued.append(task_id)
+
+    def discard_threadsafe(self, task_id: int) -> None:
+        pass
+
+
+def test_a_poll_while_a_batch_is_being_created_does_not_end_it_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "tasks.sqlite"
+    init_db(db)
+    store.init_batch_tables(db)
+    batches = Batches(_Host(db))  # type: ignore[arg-type]
+    uploaded = batches.upload("in.jsonl", "batch", f"{line('one')}\n".encode())
+    config = Config(models={"m": ModelConfig(id="m", cmd=("true",), proxy="http://127.0.0.1:1")})
+    polls: list[threading.Thread] = []
+
+    def insert_after_a_poll(db_path: Path, rows: list[tuple[str, int, object]]) -> list[int]:
+        # The poll runs at the worst instant: the batch's row exists, its requests' rows do not yet.
+        poll = threading.Thread(target=batches.tick)
+        poll.start()
+        poll.join(0.2)
+        polls.append(poll)
+        return insert_tasks(db_path, rows)
+
+    monkeypatch.setattr(batches_module, "insert_tasks", insert_after_a_poll)
+    view = batches.create(config, input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h",
+                          metadata=None)
+    polls[0].join(5)
+    assert not polls[0].is_alive()
+    after = batches.get(view.batch.id)
+    assert after is not None and after.batch.status == "in_progress"
+    assert after.counts.pending == 1

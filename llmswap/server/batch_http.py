@@ -28,9 +28,9 @@ from aiohttp import web
 from llmswap.server.errors import error_response
 from llmswap.server.middleware import too_large_message
 from llmswap.server.state import API_KEY, state
+from llmswap.server.tasks_http import task_service
 from llmswap.tasks import batch_store as store
 from llmswap.tasks.batches import BatchRequestError, BatchView
-from llmswap.tasks.http import task_service
 from llmswap.tasks.service import TaskService
 
 MAX_LIST = 100

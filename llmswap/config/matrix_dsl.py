@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeAlias
 
-from llmswap.scheduler.swappers.matrix_syntax import (
+from llmswap.config.matrix_syntax import (
     DEFAULT_EVICT_COST,
     VAR_KEY,
     AllOf,

@@ -3,6 +3,10 @@
 Owns `UpstreamPool` (one keep-alive `aiohttp.ClientSession` per upstream), the request bodies `forward`
 sends (`SplicedBody`), and `send`: the request out, once more on a fresh connection only when doing so
 cannot deliver it twice (see `may_resend`).
+
+Every request to an upstream, whether it came over HTTP, from a task or from a batch, goes out on a session
+of this pool, so all of them get the same transport: the model's `timeouts` and nothing else (aiohttp's
+default 300 s total timeout is switched off, a long generation is the model's business).
 """
 
 from __future__ import annotations
@@ -14,16 +18,12 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import aiohttp
-from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
 from llmswap.config.model import Timeouts
-from llmswap.server.state import STATE, ServerState
 
 log = logging.getLogger("llmswap.proxy")
-
-UPSTREAMS_KEY = "upstreams"  # ServerState.extras key of the pool
 
 # -------------------------------------------------------------------------------- connection pool
 
@@ -42,7 +42,7 @@ class UpstreamPool:
         # old one finish undisturbed.
         session = self._sessions.get((key, timeouts))
         if session is None or session.closed:
-            session = _new_session(timeouts)
+            session = new_session(timeouts)
             self._sessions[(key, timeouts)] = session
         return session
 
@@ -55,7 +55,7 @@ class UpstreamPool:
         await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
 
 
-def _new_session(timeouts: Timeouts) -> aiohttp.ClientSession:
+def new_session(timeouts: Timeouts) -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(
         limit=0,  # the scheduler's concurrencyLimit bounds requests per model, not the pool
         keepalive_timeout=timeouts.idle_conn or None,
@@ -74,19 +74,6 @@ def _new_session(timeouts: Timeouts) -> aiohttp.ClientSession:
         skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
         trust_env=False,
     )
-
-
-def upstream_pool(app_or_state: web.Application | ServerState) -> UpstreamPool:
-    """The server's pool, created on first use and kept in `state.extras["upstreams"]` (closed on cleanup)."""
-    server_state = app_or_state[STATE] if isinstance(app_or_state, web.Application) else app_or_state
-    return server_state.extra(UPSTREAMS_KEY, UpstreamPool, UpstreamPool)
-
-
-async def close_upstream_pool(app: web.Application) -> None:
-    """`on_cleanup` hook: close every upstream session."""
-    pool = app[STATE].extras.get(UPSTREAMS_KEY)
-    if isinstance(pool, UpstreamPool):
-        await pool.close()
 
 
 # -------------------------------------------------------------------------------- request bodies

@@ -2,10 +2,14 @@
 
 POST /api/tasks {"type", "job_id"?, "params"} · GET /api/tasks?status=&type=&limit= · GET /api/tasks/stats ·
 GET /api/tasks/{id} · DELETE /api/tasks/{id} (cancel a queued task).
+
+Every database call runs on a worker thread (`asyncio.to_thread`): SQLite may wait on its lock for up to
+its busy timeout, and the event loop serves every other request meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -66,10 +70,10 @@ async def submit(request: web.Request) -> web.Response:
     if not isinstance(params, dict):
         return error_response(request, 400, '"params" must be an object: the OpenAI request body to send')
     try:
-        task_id, is_new = service.submit(body["type"], job_id, params)
+        task_id, is_new = await service.submit(body["type"], job_id, params)
     except UnknownTaskType as exc:
         return error_response(request, 400, str(exc))
-    row = get_task(service.db, task_id)
+    row = await asyncio.to_thread(get_task, service.db, task_id)
     status = row.status.value if row is not None else TaskStatus.QUEUED.value
     return web.json_response(
         {"id": task_id, "is_new": is_new, "status": status}, status=201 if is_new else 200
@@ -81,7 +85,7 @@ async def show(request: web.Request) -> web.Response:
     if service is None:
         return _not_configured(request)
     task_id = int(request.match_info["task_id"])
-    row = get_task(service.db, task_id) if task_id <= MAX_TASK_ID else None
+    row = await asyncio.to_thread(get_task, service.db, task_id) if task_id <= MAX_TASK_ID else None
     if row is None:
         return error_response(request, 404, f"no task {request.match_info['task_id']}")
     return web.json_response(row_json(row))
@@ -101,7 +105,8 @@ async def listing(request: web.Request) -> web.Response:
         return error_response(request, 400, f"limit must be an integer, got {request.query['limit']!r}")
     if not 1 <= limit <= MAX_LIST:
         return error_response(request, 400, f"limit must be between 1 and {MAX_LIST}, got {limit}")
-    rows = list_tasks(service.db, status=status, task_type=request.query.get("type") or None, limit=limit)
+    task_type = request.query.get("type") or None
+    rows = await asyncio.to_thread(list_tasks, service.db, status=status, task_type=task_type, limit=limit)
     return web.json_response({"tasks": [row_json(row) for row in rows]})
 
 
@@ -112,10 +117,10 @@ async def cancel(request: web.Request) -> web.Response:
     task_id = int(request.match_info["task_id"])
     if task_id > MAX_TASK_ID:  # beyond SQLite's integers: no such task (sqlite3 would raise OverflowError)
         return error_response(request, 404, f"no task {task_id}")
-    if service.cancel(task_id):
-        row = get_task(service.db, task_id)
+    if await service.cancel(task_id):
+        row = await asyncio.to_thread(get_task, service.db, task_id)
         return web.json_response(row_json(row) if row is not None else {"id": task_id})
-    row = get_task(service.db, task_id)
+    row = await asyncio.to_thread(get_task, service.db, task_id)
     if row is None:
         return error_response(request, 404, f"no task {task_id}")
     return error_response(
@@ -127,5 +132,5 @@ async def stats(request: web.Request) -> web.Response:
     service = _service(request)
     if service is None:
         return _not_configured(request)
-    body: dict[str, Any] = service.stats()
+    body: dict[str, Any] = await service.stats()
     return web.Response(text=json.dumps(body), content_type="application/json")

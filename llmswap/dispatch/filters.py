@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmswap.config.model import Filters
+from llmswap.config.model import Filters, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,11 @@ def plan_for(filters: Filters, requested: str, *, model: str | None = None) -> F
     sets += [(key, by_id[key]) for key in sorted(by_id) if key != "model"]
     strip = tuple(param for param in filters.strip_params if param != "model")
     return FilterPlan(model=model or None, strip=strip, set=tuple((k, v) for k, v in sets if k != "model"))
+
+
+def local_plan(model: ModelConfig, requested: str) -> FilterPlan:
+    """The plan for a request to one of our own models, which the client named `requested`."""
+    return plan_for(model.filters, requested, model=model.use_model_name or None)
 
 
 def apply_plan(body: Mapping[str, Any], plan: FilterPlan) -> tuple[dict[str, Any], bool]:

@@ -1,0 +1,26 @@
+"""The one dispatch path below the HTTP routes and the task queue: pool, filters, forward, recording.
+
+Imports run down the layers: `llmswap.server` and `llmswap.tasks` use this package; it uses the router.
+"""
+
+from llmswap.dispatch.dispatcher import (
+    Dispatcher,
+    DispatchObserver,
+    DispatchRecord,
+    Lease,
+    Origin,
+    UpstreamAnswer,
+    UpstreamUnreachable,
+)
+from llmswap.dispatch.pool import UpstreamPool
+
+__all__ = [
+    "DispatchObserver",
+    "DispatchRecord",
+    "Dispatcher",
+    "Lease",
+    "Origin",
+    "UpstreamAnswer",
+    "UpstreamPool",
+    "UpstreamUnreachable",
+]

@@ -1,0 +1,171 @@
+"""One dispatch path for every request to a local model: an HTTP request, a task, a batch request.
+
+`Dispatcher.lease` acquires the model from the live router, hands the caller the pool's session for it
+(so the model's `timeouts` apply, and only they), releases the model when the caller is done and completes
+the request's `DispatchRecord`, the one place observers (metrics, activity) learn how it went.
+`Dispatcher.post_json` is the whole path for a JSON request that wants its whole answer (tasks, batches):
+the model's filters, the POST, the answer. HTTP routes stream through `llmswap.server.proxy.forward` on a
+lease instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiohttp
+from multidict import CIMultiDict
+from yarl import URL
+
+from llmswap.config.model import ModelConfig
+from llmswap.dispatch.filters import apply_plan, local_plan
+from llmswap.dispatch.pool import UpstreamPool, send
+from llmswap.process.state import ProcessState
+from llmswap.router.base import BaseRouter
+from llmswap.router.types import ProcessLike
+
+log = logging.getLogger("llmswap.dispatch")
+
+Origin = Literal["http", "task", "batch"]
+
+
+@dataclass(frozen=True)
+class DispatchRecord:
+    """How one dispatched request went, completed when the model is released."""
+
+    model: str
+    origin: Origin
+    waited: float | None  # seconds from asking the router to the grant; None when never granted
+    seconds: float  # from asking the router to the release
+    error: str | None  # why it failed (the router refused, the upstream broke); None when it was served
+
+
+DispatchObserver = Callable[[DispatchRecord], None]
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A granted request: the model's process and the pool's session for it."""
+
+    process: ProcessLike
+    session: aiohttp.ClientSession
+    waited: float
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.process.config
+
+    @property
+    def response_header_timeout(self) -> float:
+        """`timeouts.responseHeader` of the model, seconds, 0 = no limit."""
+        return self.process.config.timeouts.response_header
+
+
+@dataclass(frozen=True)
+class UpstreamAnswer:
+    status: int
+    text: str
+
+
+class UpstreamUnreachable(Exception):
+    """The upstream could not be reached, broke off, or sent no headers within `timeouts.responseHeader`."""
+
+
+class Dispatcher:
+    """The path every request to a local model takes; `router_of()` is the live router (a reload swaps it)."""
+
+    def __init__(
+        self,
+        pool: UpstreamPool,
+        router_of: Callable[[], BaseRouter],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool = pool
+        self._router_of = router_of
+        self._clock = clock
+        self._observers: list[DispatchObserver] = []
+
+    def add_observer(self, observer: DispatchObserver) -> None:
+        """Receive every completed `DispatchRecord` (on the event loop; must not block)."""
+        self._observers.append(observer)
+
+    @contextlib.asynccontextmanager
+    async def lease(
+        self,
+        model: str,
+        *,
+        origin: Origin,
+        router: BaseRouter | None = None,
+        priority: int = 0,
+        api_key: str | None = None,
+        on_admitted: Callable[[ProcessState], None] | None = None,
+        on_position: Callable[[int], None] | None = None,
+        deadline_ms: float | None = None,
+        on_granted: Callable[[float], None] | None = None,
+    ) -> AsyncIterator[Lease]:
+        """Wait until `model` may serve and yield its lease; the router's `SchedulerError`s go through.
+
+        `router` is the one the caller read together with its config (default: the live one); the other
+        arguments are `BaseRouter.acquire`'s."""
+        asked = self._clock()
+        waited: float | None = None
+        error: str | None = None
+        try:
+            async with (router or self._router_of()).acquire(
+                model, priority=priority, api_key=api_key, on_admitted=on_admitted, on_position=on_position,
+                deadline_ms=deadline_ms, on_granted=on_granted,
+            ) as process:
+                waited = self._clock() - asked
+                yield Lease(process, self.pool.session(process.id, process.config.timeouts), waited)
+        except BaseException as exc:
+            error = str(exc) or type(exc).__name__
+            raise
+        finally:
+            self._complete(DispatchRecord(model, origin, waited, self._clock() - asked, error))
+
+    def _complete(self, record: DispatchRecord) -> None:
+        for observer in self._observers:
+            try:
+                observer(record)
+            except Exception:
+                log.exception("dispatch observer failed")
+
+    async def post_json(
+        self,
+        model: str,
+        path: str,
+        body: Mapping[str, Any],
+        *,
+        requested: str,
+        origin: Origin,
+        priority: int = 0,
+    ) -> UpstreamAnswer:
+        """POST `body` (after the model's filters, as the client named it `requested`) and read the answer.
+
+        Raises the router's `SchedulerError`, or `UpstreamUnreachable` when the model does not answer.
+        """
+        async with self.lease(model, origin=origin, priority=priority) as lease:
+            filtered, _ = apply_plan(body, local_plan(lease.config, requested))
+            url = URL(lease.config.proxy.rstrip("/") + path)
+            data = json.dumps(filtered, ensure_ascii=False, separators=(",", ":")).encode()
+            limit = lease.response_header_timeout
+            headers = CIMultiDict({"Content-Type": "application/json"})
+            try:
+                response = await send(lease.session, "POST", url, headers, data, limit)
+            except TimeoutError as exc:
+                raise UpstreamUnreachable(
+                    f"{model} sent no response headers within {limit:g}s (timeouts.responseHeader)"
+                ) from exc
+            except (aiohttp.ClientError, OSError) as exc:
+                raise UpstreamUnreachable(f"{model} could not be reached: {exc}") from exc
+            try:
+                async with response:
+                    return UpstreamAnswer(response.status, await response.text())
+            except (aiohttp.ClientError, OSError) as exc:
+                raise UpstreamUnreachable(f"{model} broke off its answer: {exc}") from exc

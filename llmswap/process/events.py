@@ -1,0 +1,37 @@
+"""What a `Process` tells its owner: one typed `ProcessEvent` per step of its life.
+
+The router decides on `kind` and `cause`, never on `detail`, which is text for people (logs, the UI).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Literal
+
+EventKind = Literal["starting", "ready", "start_failed", "stopping", "stopped", "exited", "ttl_expired"]
+
+
+class StopCause(enum.Enum):
+    """Why a run is stopping or stopped (the `cause` of `stopping` and `stopped` events)."""
+
+    REQUESTED = "stop requested"  # stop(): an eviction, an unload, a swap's abort
+    SHUTDOWN = "shutdown"
+    TTL = "ttl expired"  # idle for the model's ttl: nobody asked, the scheduler must be told
+    START_ABORTED = "start aborted"
+    INTERNAL = "internal error"  # the supervisor itself failed or was cancelled
+
+
+@dataclass(frozen=True)
+class ProcessEvent:
+    model: str
+    kind: EventKind
+    exit_code: int | None = None  # negative: killed by that signal
+    detail: str = ""
+    duration: float | None = None  # for "ready": seconds from spawn to ready
+    cause: StopCause | None = None  # for "stopping" and "stopped"
+
+    @property
+    def stopped_by_itself(self) -> bool:
+        """Whether the process went away without the router asking: it exited, or its ttl ran out."""
+        return self.kind == "exited" or (self.kind == "stopped" and self.cause is StopCause.TTL)

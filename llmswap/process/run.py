@@ -1,0 +1,60 @@
+"""One life of an upstream child (`Run`), as the `Process` supervisor drives it, and how a life ends."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import signal
+
+from llmswap.process.child import Child
+from llmswap.process.errors import StartFailed
+from llmswap.process.events import StopCause
+
+
+class Outcome(enum.Enum):
+    READY = "ready"
+    ABORTED = "aborted"
+    EXITED = "exited"
+    TIMED_OUT = "timed out"
+
+
+class Run:
+    """One life of the child, from the decision to start until it is reaped."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, grace: float) -> None:
+        self.ready: asyncio.Future[None] = loop.create_future()
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.wake = asyncio.Event()  # "something changed": the supervisor re-reads the flags below
+        self.stop_requested = False
+        self.stop_cause = StopCause.REQUESTED
+        self.grace = grace  # graceful-stop seconds for the stop under way; a later request may shorten it
+        self.child: Child | None = None
+        self.output_mark = 0  # LogRing position when this run spawned, to quote only its own output
+        self.task: asyncio.Task[None] | None = None
+
+    def request_stop(self, grace: float, cause: StopCause) -> None:
+        if self.stop_requested:
+            self.grace = min(self.grace, grace)
+        else:
+            self.stop_requested = True
+            self.stop_cause = cause
+            self.grace = grace
+        self.wake.set()
+
+    def fail(self, error: StartFailed) -> None:
+        """Resolve the start with `error` unless it is already resolved."""
+        if not self.ready.done():
+            self.ready.set_exception(error)
+            self.ready.exception()  # retrieved: a start nobody waits for any more must not log a warning
+
+
+def describe_exit(exit_code: int | None) -> str:
+    if exit_code is None:
+        return "exit code unknown"
+    if exit_code < 0:
+        try:
+            name = signal.Signals(-exit_code).name
+        except ValueError:
+            name = f"signal {-exit_code}"
+        return f"exit code {exit_code}, killed by {name}"
+    return f"exit code {exit_code}"

@@ -1,0 +1,222 @@
+"""The router's `Effects`: what the scheduler may read and do, and the slow work run off the loop.
+
+`RouterEffects` is the part of `BaseRouter` that answers the scheduler: model states (as a reload's
+predecessor shows them), grants and errors (through each request's `Waiter`), the swaps in progress
+(`_swaps`) and the stop tasks. `start_swap` launches a task that stops the victims, waits for the hooks
+(`after_evictions`, a reload's predecessor) and starts the target, then posts `SwapDone`;
+`stop_processes` does the same for an unload with `StopDone`. Routers refine the two hooks (the vram
+router waits for memory and recovers from out-of-memory starts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from llmswap.process.state import ProcessState
+from llmswap.router.succession import Succession
+from llmswap.router.types import ProcessLike, RouterEvent, RouterStats, SwapFinished, SwapStarted, Waiter
+from llmswap.scheduler.errors import SchedulerError, SwapFailed
+from llmswap.scheduler.types import Effects, HandlerRequest, StopDone, SwapDone, SwapPlan
+
+log = logging.getLogger("llmswap.router")
+
+
+@dataclass
+class _Swap:
+    plan: SwapPlan
+    task: asyncio.Task[None] | None = None
+    starting: bool = False  # past the evictions: cancelling the task now aborts the target's start
+    evicted: bool = False  # every victim is stopped
+    aborted: bool = False
+
+
+class RouterEffects(Effects):
+    """The router's `Effects` (see the module docstring); `BaseRouter` provides the run loop and the rest."""
+
+    name: str
+    processes: dict[str, ProcessLike]
+    succession: Succession
+    stats: RouterStats
+    clock: Callable[[], float]
+
+    def __init__(self) -> None:
+        self._swaps: dict[str, _Swap] = {}
+        self._stop_tasks: set[asyncio.Task[None]] = set()
+        self._unload_done: asyncio.Future[None] | None = None
+        self._loads: dict[str, tuple[float, float]] = {}  # each model's last successful load: (start, ready)
+
+    if TYPE_CHECKING:  # provided by BaseRouter: its run loop, its observers, its lifecycle
+        def _post(self, event: object) -> None: ...
+        def _notify(self, item: RouterEvent) -> None: ...
+        @property
+        def closing(self) -> bool: ...
+
+    def model_state(self, model: str) -> ProcessState | None:
+        process = self.processes.get(model)
+        return self._visible_state(model, process.state) if process is not None else None
+
+    def running_models(self) -> Mapping[str, ProcessState]:
+        states = {mid: self._visible_state(mid, p.state) for mid, p in self.processes.items()}
+        return {mid: state for mid, state in states.items() if state.is_running}
+
+    def inherited_in_flight(self, model: str) -> int:
+        return self.succession.inherited_in_flight(model)
+
+    def _visible_state(self, model: str, state: ProcessState) -> ProcessState:
+        return self.succession.visible_state(model, state)
+
+    # A request's futures live in its Waiter, which answers these itself (see llmswap.router.types).
+
+    def admit(self, req: HandlerRequest) -> bool:
+        return req.handle.admit()
+
+    def grant_serve(self, req: HandlerRequest, model: str) -> bool:
+        waiter: Waiter = req.handle
+        if not waiter.grant(model):
+            return False
+        load = self._loads.get(model)
+        if load is not None and load[1] >= req.arrived:  # its model finished loading while it waited
+            waiter.load = load[1] - max(load[0], req.arrived)
+        return True
+
+    def grant_error(self, req: HandlerRequest, err: SchedulerError) -> None:
+        req.handle.fail(err)
+
+    def preempt(self, req: HandlerRequest, message: str) -> None:
+        """End in-flight `req` early (preemption): cancel the task serving it, which closes its upstream
+        request; `acquire` turns the cancellation into `Preempted(message)` and posts its ServeDone."""
+        waiter: Waiter = req.handle
+        if waiter is None or waiter.preempted is not None:
+            return
+        waiter.preempted = message
+        log.info("%s: preempting a request of %s: %s", self.name, req.model, message)
+        if waiter.task is not None and not waiter.task.done():
+            waiter.task.cancel(message)
+
+    def notify_position(self, req: HandlerRequest, position: int) -> None:
+        req.handle.tell_position(position)
+
+
+    def swap_claims(self) -> dict[str, ProcessState]:
+        """What this router's unfinished swaps are doing to processes: the target is starting, victims
+        not yet stopped are stopping. A successor reads this for the processes it adopted."""
+        claims: dict[str, ProcessState] = {}
+        for swap in self._swaps.values():
+            if not swap.evicted:
+                for victim in swap.plan.evict:
+                    claims[victim] = ProcessState.STOPPING
+        for model, swap in self._swaps.items():
+            if not swap.aborted:
+                claims.setdefault(model, ProcessState.STARTING)
+        return claims
+
+    def start_swap(self, plan: SwapPlan) -> None:
+        self.stats.swaps_by_rule[plan.rule] = self.stats.swaps_by_rule.get(plan.rule, 0) + 1
+        for victim in plan.evict:
+            self.stats.evictions[victim] = self.stats.evictions.get(victim, 0) + 1
+        swap = _Swap(plan)
+        swap.task = asyncio.get_running_loop().create_task(self._do_swap(swap), name=f"swap:{plan.model}")
+        self._swaps[plan.model] = swap
+        self._notify(SwapStarted(plan))
+
+    def abort_swap(self, model: str) -> None:
+        swap = self._swaps.get(model)
+        if swap is None or swap.aborted:
+            return
+        swap.aborted = True
+        # Victims being stopped are left to finish (a half-stopped process helps nobody); the swap
+        # checks `aborted` before starting its target. Once starting, cancelling aborts the start.
+        if swap.starting and swap.task is not None:
+            swap.task.cancel()
+
+    def stop_processes(self, models: Sequence[str], timeout: float | None) -> None:
+        done, self._unload_done = self._unload_done, None
+        task = asyncio.get_running_loop().create_task(self._do_stop(tuple(models), timeout, done))
+        self._stop_tasks.add(task)
+        task.add_done_callback(self._stop_tasks.discard)
+
+    async def _do_swap(self, swap: _Swap) -> None:
+        plan = swap.plan
+        started = self.clock()
+        error: SchedulerError | None = None
+        target = self.processes[plan.model]
+        try:
+            if plan.evict:
+                await asyncio.gather(*(self._evict(m) for m in plan.evict))
+            swap.evicted = True
+            self.succession.progress()
+            if plan.evict:
+                await self.after_evictions(plan)
+            await self.succession.before_start()
+            if swap.aborted:
+                raise asyncio.CancelledError
+            swap.starting = True
+            await self.start_target(target)
+        except asyncio.CancelledError:
+            # Aborted because nobody waits: make sure no half-started child stays behind. (On shutdown,
+            # shutdown() itself stops every process.)
+            if not self.closing:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(target.stop())
+            error = SwapFailed(f"loading {plan.model} was aborted: no request waits for it")
+        except SchedulerError as exc:
+            error = exc
+        except Exception as exc:
+            error = SwapFailed(str(exc) or type(exc).__name__)
+        duration = self.clock() - started
+        if error is None:
+            log.info("swap: %s ready in %.2fs (evicted %s, rule %s)", plan.model, duration,
+                     list(plan.evict) or "nothing", plan.rule)
+        else:
+            log.warning("swap: %s failed after %.2fs: %s", plan.model, duration, error)
+        self._post(SwapDone(plan.model, error, duration))
+
+    async def _evict(self, model: str) -> None:
+        # llama-swap uses healthCheckTimeout (default 120 s) as the eviction grace; the victim's own
+        # unloadTimeout is what users actually configure for "how long may it take to stop".
+        await self.succession.before_evict(model)
+        process = self.processes[model]
+        await process.stop(process.config.unload_timeout)
+
+    async def after_evictions(self, plan: SwapPlan) -> None:
+        """Hook between stopping the victims and starting the target (the vram router waits for memory)."""
+
+    async def start_target(self, process: ProcessLike) -> None:
+        """Hook: bring the target up (the vram router adds out-of-memory recovery)."""
+        await process.ensure_ready()
+
+    def _finish_swap(self, ev: SwapDone) -> None:
+        swap = self._swaps.pop(ev.model, None)
+        if swap is None:
+            return
+        if ev.error is not None:
+            self.stats.swap_failures += 1
+        else:
+            ready = self.clock()
+            self._loads[ev.model] = (ready - ev.duration, ready)
+        self._notify(SwapFinished(swap.plan, ev.error, ev.duration))
+        self.succession.progress()
+
+    async def _do_stop(
+        self, models: tuple[str, ...], timeout: float | None, done: asyncio.Future[None] | None
+    ) -> None:
+        try:
+            await asyncio.gather(
+                *(self.processes[m].stop(timeout) for m in models if m in self.processes),
+                return_exceptions=True,
+            )
+        finally:
+            self._post(StopDone(models))
+            if done is not None:
+                resolve(done)
+
+
+
+def resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

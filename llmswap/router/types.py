@@ -1,0 +1,155 @@
+"""The router's vocabulary: what it needs of a process, what a waiting request holds, what observers hear.
+
+Observers receive `RouterEvent`s: a swap committed (`SwapStarted`), a swap ended (`SwapFinished`), or a
+process's own `ProcessEvent`. All are frozen dataclasses; nobody reads log text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from llmswap.config.model import ModelConfig
+from llmswap.process.events import ProcessEvent
+from llmswap.process.state import ProcessState
+from llmswap.scheduler.errors import SchedulerError
+from llmswap.scheduler.types import HandlerRequest, SwapPlan, Unload
+
+log = logging.getLogger("llmswap.router")
+
+
+class Rerouted(SchedulerError):
+    """A retired router hands a waiter to its successor; `acquire` catches it and waits there instead."""
+
+    status = 503
+    code = "reloading"
+
+
+class ProcessLike(Protocol):
+    """What the router needs of an upstream process (`llmswap.process.Process` in production)."""
+
+    id: str
+    config: ModelConfig
+
+    @property
+    def state(self) -> ProcessState: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def last_start_duration(self) -> float | None: ...
+    async def ensure_ready(self) -> None: ...
+    async def stop(self, timeout: float | None = None) -> None: ...
+    async def shutdown(self, timeout: float = 1.0) -> None: ...
+    def track_request(self) -> contextlib.AbstractContextManager[None]: ...
+
+
+ProcessEventSink = Callable[[ProcessEvent], None]
+ProcessFactory = Callable[[ModelConfig, ProcessEventSink], ProcessLike]
+
+
+@dataclass(eq=False)
+class Waiter:
+    """The router's side of one HandlerRequest: the futures its HTTP handler awaits."""
+
+    admitted: asyncio.Future[None]
+    granted: asyncio.Future[str]
+    on_position: Callable[[int], None] | None = None
+    position: int = 0
+    gone: bool = False  # the client left; grants must fail
+    load: float = 0.0  # seconds of its wait its model spent loading (for the access log)
+    task: asyncio.Task[Any] | None = None  # the task serving it once granted (preemption cancels it)
+    preempted: str | None = None  # set by `preempt`: why its answer is being ended
+
+    def admit(self) -> bool:
+        if self.gone or self.admitted.done():
+            return False
+        self.admitted.set_result(None)
+        return True
+
+    def grant(self, model: str) -> bool:
+        """Whether the caller was still there: only then does the grant count as in flight."""
+        if self.gone or self.granted.done():
+            return False
+        if not self.admitted.done():
+            self.admitted.set_result(None)
+        self.granted.set_result(model)
+        return True
+
+    def fail(self, err: SchedulerError) -> None:
+        if self.gone:
+            return
+        target = self.granted if self.admitted.done() else self.admitted
+        if not target.done():
+            target.set_exception(err)
+
+    def tell_position(self, position: int) -> None:
+        self.position = position
+        if self.on_position is not None and not self.gone:
+            try:
+                self.on_position(position)
+            except Exception:
+                log.exception("position callback failed")
+
+
+# The run loop's own events, beside the scheduler's (SwapDone, ServeDone, StopDone, ProcessStopped).
+
+@dataclass(frozen=True)
+class NewRequest:
+    req: HandlerRequest
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    req: HandlerRequest
+
+
+@dataclass(frozen=True)
+class Tick:
+    pass
+
+
+@dataclass(frozen=True)
+class UnloadRequest:
+    unload: Unload
+    done: asyncio.Future[None]
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+
+
+@dataclass(frozen=True)
+class SwapStarted:
+    """Observer notification: a swap was committed (the plan says why)."""
+
+    plan: SwapPlan
+
+
+@dataclass(frozen=True)
+class SwapFinished:
+    """Observer notification: a swap ended; `error` is None on success."""
+
+    plan: SwapPlan
+    error: SchedulerError | None
+    duration: float
+
+
+RouterEvent = SwapStarted | SwapFinished | ProcessEvent
+Observer = Callable[[RouterEvent], None]
+
+
+@dataclass
+class RouterStats:
+    """Counters the server's metrics read; mutated only on the loop thread."""
+
+    swaps_by_rule: dict[str, int] = field(default_factory=dict)
+    evictions: dict[str, int] = field(default_factory=dict)
+    swap_failures: int = 0
+

@@ -1,0 +1,279 @@
+"""Server mode's task engine: one asyncio lane per task type, on the event loop, a client of the router.
+
+Each type with queued work gets a lane: a task that runs the type's tasks one after another, oldest first,
+until its queue is empty (a batch: the model loads once, and tasks queued meanwhile join). Every task goes
+to the router like an HTTP request (`run_one`: acquire, filters, forward), so the router's scheduler
+decides when it runs beside interactive traffic. Which lanes run side by side is the router's answer too:
+a lane starts, deepest queue first, when its model fits together with the models of the lanes running
+(`fits`: the router's eviction policy — groups, matrix, or the vram router's memory budget), so memory
+is budgeted in one place, and two types whose models cannot run together never ping-pong the GPU.
+
+No threads and no locks: every method runs on the event loop; the database calls go to a worker thread
+(`asyncio.to_thread`), so SQLite never blocks the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmswap.tasks.db import (
+    QUEUE_FULL_ERROR,
+    TaskRow,
+    TaskStatus,
+    claim_task,
+    fail_unfinished_task,
+    finish_task,
+    queued_tasks,
+)
+
+log = logging.getLogger("llmswap.tasks")
+
+RunOne = Callable[[TaskRow], Awaitable[Any]]
+
+
+class LaneBroken(Exception):
+    """Raised by a lane's task runner when the lane cannot go on (its worker died): the lane ends, and
+    its queue starts a new one (a new batch) if anything is left."""
+
+
+def log_failure(what: str) -> Callable[[asyncio.Future[Any]], None]:
+    """A done-callback that logs the error of background work nobody awaits."""
+
+    def done(future: asyncio.Future[Any]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            log.error("tasks: %s failed: %r", what, future.exception())
+
+    return done
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    id: int
+    job_id: int
+    params: Any = None
+
+
+RunItem = Callable[[str, Queued], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class LanesSnapshot:
+    queue_depths: Mapping[str, int]  # type -> tasks waiting (not counting the one its lane runs)
+    active_types: tuple[str, ...]  # types whose lane runs, sorted
+    batches_started: Mapping[str, int]  # type -> lanes started since construction
+
+
+class TaskLanes:
+    """The lanes of one task service; see the module docstring. `model_of(type)` names a type's model."""
+
+    def __init__(
+        self,
+        db: Path,
+        run_item: RunItem,
+        *,
+        model_of: Callable[[str], str | None],
+        fits: Callable[[Collection[str]], bool],
+        max_queue_depth: int,
+        on_lane_end: Callable[[str], None] | None = None,
+        running: bool = True,
+    ) -> None:
+        self.db = db
+        self._run_item = run_item
+        self._on_lane_end = on_lane_end
+        self._running = running  # False until `begin()`: tasks queue, no lane starts
+        self._model_of = model_of
+        self._fits = fits
+        self.max_queue_depth = max_queue_depth
+        self._types: frozenset[str] = frozenset()
+        self._queues: dict[str, deque[Queued]] = {}
+        self._queued_ids: set[int] = set()
+        self._active: dict[str, asyncio.Task[None]] = {}
+        self._batches_started: dict[str, int] = {}
+        self._stopping = False
+
+    # ------------------------------------------------------------------ types
+
+    def handles(self, task_type: str) -> bool:
+        return task_type in self._types
+
+    def set_types(self, types: Iterable[str], max_queue_depth: int | None = None) -> frozenset[str]:
+        """Run these types from now on; returns the newly listed ones, whose queued rows `load` reads.
+
+        A type no longer listed leaves its queue (its rows stay queued in the database, for a later
+        config that lists it again); its running lane ends after the task in hand.
+        """
+        new = frozenset(types)
+        added = new - self._types
+        self._types = new
+        if max_queue_depth is not None:
+            self.max_queue_depth = max_queue_depth
+        for task_type in [t for t in self._queues if t not in new]:
+            for item in self._queues.pop(task_type):
+                self._queued_ids.discard(item.id)
+        return added
+
+    async def load(self, types: Collection[str]) -> None:
+        """Queue the rows the database holds queued for `types`, oldest first (a row already queued, or
+        run meanwhile, is not run twice: its claim in the database is the guard)."""
+        if not types:
+            return
+        rows = await asyncio.to_thread(queued_tasks, self.db, set(types))
+        for row in rows:
+            self.enqueue(row.id, row.task_type, row.job_id, row.params, bounded=False)
+
+    # ------------------------------------------------------------------ queueing
+
+    def begin(self) -> None:
+        """Start the lanes of what is queued (for an engine built before its loop ran)."""
+        self._running = True
+        self._start_lanes()
+
+    def kick(self) -> None:
+        """Look again at the waiting types: the room beside the running lanes may have changed."""
+        self._start_lanes()
+
+    def enqueue(
+        self, task_id: int, task_type: str, job_id: int, params: Any = None, *, bounded: bool = True
+    ) -> bool:
+        """Queue a task whose row is already in the database; False when it was not queued.
+
+        Past the max queue depth the task is dropped and its row failed "Queue depth limit reached";
+        `bounded=False` skips that check (rows loaded from the database, a batch's requests).
+        """
+        if self._stopping or task_type not in self._types:
+            return False
+        if task_id in self._queued_ids:
+            return True
+        queue = self._queues.setdefault(task_type, deque())
+        if bounded and len(queue) >= self.max_queue_depth:
+            log.warning("Queue depth limit reached for %s (max=%d) — task %d dropped",
+                        task_type, self.max_queue_depth, task_id)
+            self._background(asyncio.to_thread(fail_unfinished_task, self.db, task_id, QUEUE_FULL_ERROR))
+            return False
+        queue.append(Queued(task_id, job_id, params))
+        self._queued_ids.add(task_id)
+        self._start_lanes()
+        return True
+
+    def discard(self, task_id: int) -> bool:
+        """Forget a queued task (its row was cancelled); False when it was not queued here."""
+        if task_id not in self._queued_ids:
+            return False
+        self._queued_ids.discard(task_id)
+        for queue in self._queues.values():
+            for item in queue:
+                if item.id == task_id:
+                    queue.remove(item)
+                    return True
+        return True
+
+    def pending_ids(self) -> set[int]:
+        return set(self._queued_ids)
+
+    def pending(self, task_type: str) -> tuple[int, ...]:
+        return tuple(item.id for item in self._queues.get(task_type, ()))
+
+    def depth(self, task_type: str) -> int:
+        return len(self._queues.get(task_type, ()))
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def stop(self) -> None:
+        """Take no new work: each lane ends after the task in hand."""
+        self._stopping = True
+
+    def snapshot(self) -> LanesSnapshot:
+        return LanesSnapshot(
+            queue_depths={t: len(q) for t, q in self._queues.items() if q},
+            active_types=tuple(sorted(self._active)),
+            batches_started=dict(self._batches_started),
+        )
+
+    # ------------------------------------------------------------------ lanes
+
+    def _start_lanes(self) -> None:
+        if self._stopping or not self._running:
+            return
+        waiting = sorted(
+            (t for t, q in self._queues.items() if q and t not in self._active),
+            key=lambda t: len(self._queues[t]),
+            reverse=True,  # deepest queue first; a stable sort keeps the first-queued type first on ties
+        )
+        for task_type in waiting:
+            model = self._model_of(task_type)
+            running = {m for m in map(self._model_of, self._active) if m is not None}
+            if model is not None and running and not self._fits({model, *running}):
+                continue  # it waits for the lanes whose models it cannot run beside
+            self._batches_started[task_type] = self._batches_started.get(task_type, 0) + 1
+            log.info("tasks: starting a %s batch (%d queued)", task_type, len(self._queues[task_type]))
+            self._active[task_type] = asyncio.get_running_loop().create_task(
+                self._lane(task_type), name=f"tasks-lane:{task_type}"
+            )
+
+    async def _lane(self, task_type: str) -> None:
+        try:
+            while not self._stopping:
+                queue = self._queues.get(task_type)
+                if not queue:
+                    break
+                item = queue.popleft()
+                self._queued_ids.discard(item.id)
+                await self._run_item(task_type, item)
+        except LaneBroken:
+            log.warning("tasks: the %s batch broke off; what is left starts a new one", task_type)
+        finally:
+            self._active.pop(task_type, None)
+            if self._on_lane_end is not None:
+                self._on_lane_end(task_type)
+            self._start_lanes()
+
+    def _background(self, work: Awaitable[Any]) -> None:
+        asyncio.ensure_future(work).add_done_callback(log_failure("a database write"))
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def shutdown(self, timeout: float = 5.0) -> None:
+        """Lanes finish the task in hand and stop; queued tasks stay queued in the database."""
+        self._stopping = True
+        lanes = list(self._active.values())
+        if not lanes:
+            return
+        _, pending = await asyncio.wait(lanes, timeout=timeout)
+        for lane in pending:
+            lane.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+def claiming(db: Path, run_one: RunOne) -> RunItem:
+    """Server mode's task runner: claim the row, run it, record the outcome (a failure never stops a lane)."""
+
+    async def run(task_type: str, item: Queued) -> None:
+        try:
+            row = await asyncio.to_thread(claim_task, db, item.id)
+            if row is None:
+                log.info("task %d (%s) is no longer queued; not running it", item.id, task_type)
+                return
+            try:
+                result = await run_one(row)
+            except Exception as exc:
+                log.warning("task %d (%s, job %d) failed: %s", item.id, task_type, item.job_id, exc)
+                await asyncio.to_thread(finish_task, db, item.id, TaskStatus.FAILED,
+                                        error=f"{type(exc).__name__}: {exc}")
+                return
+            text = result if result is None or isinstance(result, str) else json.dumps(result)
+            if not await asyncio.to_thread(finish_task, db, item.id, TaskStatus.COMPLETED, result=text):
+                log.warning("task %d (%s) finished after it had been failed; its result was dropped",
+                            item.id, task_type)
+        except Exception:
+            log.exception("tasks: running task %d (%s) failed", item.id, task_type)
+
+    return run

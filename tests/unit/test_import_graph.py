@@ -1,0 +1,132 @@
+"""The import graph of `llmswap/` has no cycle, between modules or between packages.
+
+Every import counts: module level, inside functions, and under `TYPE_CHECKING` alike, since each one is a
+dependency a reader has to hold in mind. Packages are the first level below `llmswap` (`llmswap.server`,
+`llmswap.tasks`, ...): the layers of ARCHITECTURE.md, which import one way only, down.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import llmswap
+
+ROOT = Path(llmswap.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in ROOT.rglob("*.py"):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _imported(module: str, path: Path) -> Iterator[str]:
+    """Every dotted name `module` imports, relative imports made absolute."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package
+                for _ in range(node.level - 1):
+                    anchor = anchor.rpartition(".")[0]
+                base = f"{anchor}.{base}" if base else anchor
+            # `from pkg import name` may import the module pkg.name, or a name defined in pkg.
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def module_graph() -> dict[str, set[str]]:
+    modules = _modules()
+
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for imported in _imported(name, path):
+            target = owner(imported) if imported.startswith("llmswap.") else None
+            if target is not None and target != name:
+                graph[name].add(target)
+    return graph
+
+
+def package_graph(modules: Mapping[str, set[str]]) -> dict[str, set[str]]:
+    def package(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    graph: dict[str, set[str]] = {}
+    for module, targets in modules.items():
+        for target in targets:
+            if package(module) != package(target):
+                graph.setdefault(package(module), set()).add(package(target))
+    return graph
+
+
+def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_cycles_finds_a_loop_and_ignores_a_chain() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": {"c"}}) == []
+
+
+def test_no_import_cycle_between_modules() -> None:
+    assert cycles(module_graph()) == []
+
+
+def test_no_import_cycle_between_packages() -> None:
+    assert cycles(package_graph(module_graph())) == []
+
+
+def test_the_graph_sees_function_level_imports() -> None:
+    # cli.py builds the server inside a function: a walk of module-level imports alone would miss it.
+    assert "llmswap.server" in package_graph(module_graph())["llmswap.cli"]
