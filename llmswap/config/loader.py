@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -22,14 +21,10 @@ from llmswap.config.errors import ConfigError, Problem, Problems, in_file_order
 from llmswap.config.fields import Fields
 from llmswap.config.macros import Macro, apply_macros, read_macros, report_unresolved
 from llmswap.config.model import (
-    DEFAULT_CLIENT_HEADER_TIMEOUT,
     DEFAULT_HEALTH_CHECK_TIMEOUT,
-    DEFAULT_MAX_REQUEST_BODY,
     DEFAULT_START_PORT,
     DEFAULT_UNLOAD_TIMEOUT,
-    DEFAULT_UPSTREAM_IGNORE_PATHS,
     MIN_HEALTH_CHECK_TIMEOUT,
-    ApiKey,
     Config,
 )
 from llmswap.config.models_section import ModelDefaults, ModelDraft, expand_model, read_model
@@ -37,8 +32,19 @@ from llmswap.config.peers_section import read_peers
 from llmswap.config.profiles_section import read_profiles
 from llmswap.config.routing_section import read_routing
 from llmswap.config.selectors_section import Names, read_selectors
+from llmswap.config.settings_section import (
+    LOG_TO_STDOUT,
+    read_api_keys,
+    read_choice,
+    read_client_header_timeout,
+    read_ignore_paths,
+    read_log_level,
+    read_log_time_format,
+    read_max_request_body,
+    read_preload,
+)
 from llmswap.config.tasks_section import read_tasks, resolve_path
-from llmswap.config.yamltree import Map, Scalar, describe, parse_document
+from llmswap.config.yamltree import Map, parse_document
 
 TOP_LEVEL_KEYS = (
     "healthCheckTimeout",
@@ -77,26 +83,6 @@ IGNORED_TOP_LEVEL_KEYS = (
     "ui",
     "performance",
     "logRequests",
-)
-LOG_LEVELS = ("debug", "info", "warn", "error")
-LOG_TO_STDOUT = ("proxy", "upstream", "both", "none")
-LOG_TIME_FORMATS = (
-    "",
-    "ansic",
-    "unixdate",
-    "rubydate",
-    "rfc822",
-    "rfc822z",
-    "rfc850",
-    "rfc1123",
-    "rfc1123z",
-    "rfc3339",
-    "rfc3339nano",
-    "kitchen",
-    "stamp",
-    "stampmilli",
-    "stampmicro",
-    "stampnano",
 )
 DEFAULT_STATE_DIR = ".llmswap-state"
 
@@ -211,16 +197,16 @@ def load_tree(
         start_port=start_port,
         global_ttl=global_ttl,
         unload_timeout=unload_timeout,
-        log_level=_log_level(root),
-        log_to_stdout=_choice(root, "logToStdout", LOG_TO_STDOUT, "proxy"),
-        log_time_format=_log_time_format(root),
+        log_level=read_log_level(root),
+        log_to_stdout=read_choice(root, "logToStdout", LOG_TO_STDOUT, "proxy"),
+        log_time_format=read_log_time_format(root),
         send_loading_state=send_loading_state,
         include_aliases_in_list=root.flag("includeAliasesInList", False),
-        api_keys=_api_keys(root),
-        preload=_preload(root, resolve, selectors),
-        upstream_ignore_paths=_ignore_paths(root),
-        max_request_body=_max_request_body(root),
-        client_header_timeout=_client_header_timeout(root),
+        api_keys=read_api_keys(root),
+        preload=read_preload(root, resolve, selectors),
+        upstream_ignore_paths=read_ignore_paths(root),
+        max_request_body=read_max_request_body(root),
+        client_header_timeout=read_client_header_timeout(root),
         state_dir=resolve_path(state_dir or DEFAULT_STATE_DIR, base_dir),
         tasks=read_tasks(root, base_dir, resolve),
         allowed_origins=read_allowed_origins(root),
@@ -317,126 +303,3 @@ def _alias_map(models: dict[str, ModelDraft], problems: Problems) -> dict[str, s
                 aliases[site.name] = model_id
                 alias_line[site.name] = site.line
     return aliases
-
-
-def _choice(root: Fields, key: str, choices: tuple[str, ...], default: str) -> str:
-    value = root.text(key, default).strip()
-    if value not in choices:
-        root.error(key, f"{key} must be one of: {', '.join(choices)}; got {value!r}")
-        return default
-    return value
-
-
-def _log_level(root: Fields) -> str:
-    level = root.text("logLevel", "info").strip().lower()
-    level = "warn" if level == "warning" else level
-    if level not in LOG_LEVELS:
-        root.warn("logLevel", f"unknown level {level!r}, using info (valid: {', '.join(LOG_LEVELS)})")
-        return "info"
-    return level
-
-
-def _log_time_format(root: Fields) -> str:
-    value = root.text("logTimeFormat").strip()
-    if value.lower() not in LOG_TIME_FORMATS:
-        root.warn(
-            "logTimeFormat", f"unknown format {value!r}, timestamps disabled (valid: rfc3339, kitchen, ...)"
-        )
-        return ""
-    return value.lower()
-
-
-def _api_keys(root: Fields) -> tuple[ApiKey, ...]:
-    keys: list[ApiKey] = []
-    seen: set[str] = set()
-    for index, item in enumerate(root.items("apiKeys", "a list of keys")):
-        where = f"apiKeys[{index}]"
-        if isinstance(item, Scalar):
-            key, priority, max_concurrent, name, deadline_ms = item.text, 0, 0, "", 0.0
-        elif isinstance(item, Map):
-            fields = Fields(item, where, root.problems)
-            fields.warn_unknown(("key", "name", "priority", "maxConcurrent", "deadlineMs"))
-            key = fields.text("key")
-            name = fields.text("name").strip()
-            priority = fields.integer("priority", 0)
-            max_concurrent = fields.integer(
-                "maxConcurrent", 0, minimum=0, what="a whole number (0 = unlimited)"
-            )
-            deadline_ms = fields.number("deadlineMs", 0.0, minimum=0, what="milliseconds",
-                                        accepted="0 (no deadline) or milliseconds after arrival")
-        else:
-            root.problems.error(
-                item.line, where, f"must be a key or a mapping with key:, got {describe(item)}"
-            )
-            continue
-        if not key.strip():
-            root.problems.error(
-                item.line, where, "empty api key found in apiKeys; give a key or remove the entry"
-            )
-            continue
-        if re.search(r"\s", key):
-            root.problems.error(
-                item.line, where, "api key cannot contain spaces; check for a stray space or line break"
-            )
-            continue
-        if key in seen:
-            root.problems.warn(item.line, where, "this key is listed twice; the first entry is used")
-            continue
-        seen.add(key)
-        keys.append(ApiKey(key=key, priority=priority, max_concurrent=max_concurrent, name=name,
-                           deadline_ms=deadline_ms))
-    return tuple(keys)
-
-
-def _preload(
-    root: Fields, resolve: Callable[[str], str | None], selectors: Collection[str]
-) -> tuple[str, ...]:
-    hooks = root.mapping("hooks", "a mapping with on_startup:")
-    hooks.warn_unknown(("on_startup",))
-    on_startup = hooks.mapping("on_startup", "a mapping with preload:")
-    on_startup.warn_unknown(("preload",))
-    preload: list[str] = []
-    for name, line, where in on_startup.texts("preload", "a list of model ids or aliases"):
-        name = name.strip()
-        if not name:
-            continue
-        model = resolve(name)
-        if model is None and name in selectors:
-            root.problems.warn(line, where, f'"{name}" is a selector, not preloaded; list the model to load')
-            continue
-        if model is None:
-            root.problems.warn(line, where, f'unknown model "{name}" is not preloaded')
-            continue
-        preload.append(model)
-    return tuple(preload)
-
-
-def _ignore_paths(root: Fields) -> tuple[str, ...]:
-    upstream = root.mapping("upstream", "a mapping with ignorePaths:")
-    upstream.warn_unknown(("ignorePaths",))
-    patterns: list[str] = []
-    for pattern, line, where in upstream.texts("ignorePaths", "a list of regular expressions"):
-        try:
-            re.compile(pattern)
-        except (re.error, RecursionError, OverflowError) as exc:
-            root.problems.error(line, where, f"invalid regular expression {pattern!r}: {exc}")
-            continue
-        patterns.append(pattern)
-    return tuple(patterns) or DEFAULT_UPSTREAM_IGNORE_PATHS
-
-
-def _max_request_body(root: Fields) -> int:
-    size = root.size("maxRequestBodySize", DEFAULT_MAX_REQUEST_BODY, default_unit="B")
-    if size is None or size <= 0:
-        root.error("maxRequestBodySize", "must be a positive size such as 32MiB")
-        return DEFAULT_MAX_REQUEST_BODY
-    return size
-
-
-def _client_header_timeout(root: Fields) -> float:
-    seconds = root.number("clientHeaderTimeout", DEFAULT_CLIENT_HEADER_TIMEOUT)
-    if seconds <= 0:
-        root.error("clientHeaderTimeout", "must be a positive number of seconds (how long a client may take "
-                   f"to send a request's headers), got {seconds:g}")
-        return DEFAULT_CLIENT_HEADER_TIMEOUT
-    return seconds

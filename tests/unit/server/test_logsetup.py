@@ -48,7 +48,7 @@ def test_go_layouts(layout: str, expected: str) -> None:
 
 
 def test_every_layout_the_config_accepts_is_known() -> None:
-    from llmswap.config.loader import LOG_TIME_FORMATS
+    from llmswap.config.settings_section import LOG_TIME_FORMATS
 
     assert {name for name in LOG_TIME_FORMATS if name} == set(TIME_LAYOUTS)
 
