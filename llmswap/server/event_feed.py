@@ -23,8 +23,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from llmswap.process.events import ProcessEvent
 from llmswap.process.logring import LogRing
 from llmswap.router.base import BaseRouter, SwapFinished, SwapStarted
+from llmswap.router.types import RouterEvent
 from llmswap.server import event_payloads as payloads
 from llmswap.server.event_payloads import QueueCounts, SwapRecord
 from llmswap.server.eventbus import MAX_PENDING, Event, EventBus, Subscription
@@ -91,7 +93,7 @@ class EventFeed:
             self._status = None
             self.bus.end_streams()
 
-    def on_router_event(self, item: object) -> None:
+    def on_router_event(self, item: RouterEvent) -> None:
         if isinstance(item, SwapStarted):
             record = SwapRecord(next(self._swap_ids), item.plan, self.wall_clock())
             self._open[id(item.plan)] = record
@@ -106,23 +108,22 @@ class EventFeed:
             record.duration = item.duration
             record.error = None if item.error is None else item.error.message
             self.bus.publish(Event("swap", record.as_dict("finished")))
-        elif type(item) in TYPED_EVENTS:
-            TYPED_EVENTS[type(item)](self, item)
-        else:
-            process = self.server_state.router.processes.get(str(getattr(item, "model", "")))
+        elif isinstance(item, ProcessEvent):
+            process = self.server_state.router.processes.get(item.model)
             pid = process.pid if process is not None else None
-            data = payloads.process_event(item, pid, self.wall_clock())
-            if data is not None:
-                self.bus.publish(Event("processEvent", data))
-                self.publish_model_status({data["model"]: payloads.STATE_AFTER[data["event"]]})
+            self.bus.publish(Event("processEvent", payloads.process_event(item, pid, self.wall_clock())))
+            self.publish_model_status({item.model: payloads.STATE_AFTER[item.kind]})
         self._check_soon()
 
     def publish(self, item: object) -> None:
         """Publish a typed event from another module (see `TYPED_EVENTS`); an `Event` goes out as it is."""
         if isinstance(item, Event):
             self.bus.publish(item)
+        elif type(item) in TYPED_EVENTS:
+            TYPED_EVENTS[type(item)](self, item)
+            self._check_soon()
         else:
-            self.on_router_event(item)
+            raise TypeError(f"no stream type for {type(item).__name__}: register it in TYPED_EVENTS")
 
     def model_status(self, overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         router = self.server_state.router

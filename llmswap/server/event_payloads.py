@@ -13,6 +13,7 @@ from typing import Any
 
 from llmswap import __version__
 from llmswap.config.model import Config
+from llmswap.process.events import ProcessEvent
 from llmswap.process.state import ProcessState
 from llmswap.router.base import BaseRouter
 from llmswap.scheduler.types import SwapPlan
@@ -127,15 +128,11 @@ class QueueCounts:
         return {"model": model, "waiting": self.waiting, "in_flight": self.in_flight, "loading": self.loading}
 
 
-def process_event(item: object, pid: int | None, now: float) -> dict[str, Any] | None:
-    """`processEvent` for a process event (or anything with its fields), None for anything else."""
-    model, kind = getattr(item, "model", None), getattr(item, "kind", None)
-    if not (isinstance(model, str) and isinstance(kind, str) and kind in STATE_AFTER):
-        return None
+def process_event(event: ProcessEvent, pid: int | None, now: float) -> dict[str, Any]:
+    """`processEvent` for one step of an upstream process's life."""
     return {
-        "model": model, "state": STATE_AFTER[kind].value, "event": kind, "pid": pid,
-        "detail": getattr(item, "detail", ""), "exit_code": getattr(item, "exit_code", None),
-        "duration": getattr(item, "duration", None), "time": now,
+        "model": event.model, "state": STATE_AFTER[event.kind].value, "event": event.kind, "pid": pid,
+        "detail": event.detail, "exit_code": event.exit_code, "duration": event.duration, "time": now,
     }
 
 
