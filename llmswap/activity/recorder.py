@@ -46,6 +46,8 @@ class ActivityLog(Protocol):
 
     def resize(self, max_rows: int) -> None: ...
 
+    async def close(self) -> None: ...
+
 
 class MemoryLog:
     """The newest `max_rows` rows, in memory."""
@@ -66,6 +68,9 @@ class MemoryLog:
     def resize(self, max_rows: int) -> None:
         if self.rows.maxlen != max(1, max_rows):
             self.rows = deque(self.rows, maxlen=max(1, max_rows))
+
+    async def close(self) -> None:
+        pass
 
 
 class ActivityRecorder:
@@ -89,6 +94,14 @@ class ActivityRecorder:
         budget = int(settings.capture_mb * MIB)
         if budget != self.captures.budget:
             self.captures = CaptureRing(budget)
+
+    def use_log(self, log_store: ActivityLog, *, first_id: int) -> None:
+        """Keep rows in `log_store` from now on (the store, once opened), numbering on from `first_id`."""
+        self.log = log_store
+        self._ids = itertools.count(max(first_id, next(self._ids)))
+
+    async def close(self) -> None:
+        await self.log.close()
 
     def begin(self, facts: RequestFacts) -> Recording:
         return Recording(facts, next_id=self._next_id, done=self._done, capture_limit=self.captures.budget)

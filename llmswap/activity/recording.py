@@ -63,6 +63,7 @@ class Recording:
         self._body = bytearray()
         self._body_overflow = False
         self._finished = False
+        self._failure = ""
 
     @property
     def wants_request_body(self) -> bool:
@@ -78,6 +79,17 @@ class Recording:
         """Time spent behind other requests, and waiting for a model load this request caused or joined."""
         self._queue_ms = None if queue_seconds is None else int(queue_seconds * 1000)
         self._load_ms = None if load_seconds is None else int(load_seconds * 1000)
+
+    @property
+    def answered(self) -> bool:
+        """Whether the upstream's status (or a failure to get one, `fail`) is known."""
+        return self._status is not None
+
+    def fail(self, status: int, message: str) -> None:
+        """The upstream could not be reached or broke off: `status` and `message` are the row's."""
+        if self._status is None or self._status < 400:
+            self._status = status
+        self._failure = message
 
     def response_headers(self, status: int, headers: Mapping[str, str]) -> None:
         self._status = status
@@ -131,7 +143,7 @@ class Recording:
             self._content_type = content_type or self._content_type
         whole = None if self._body_overflow else bytes(self._body)
         reported = Reported()
-        message = error
+        message = error or self._failure
         if status not in (200, 201):
             message = message or error_message(status, whole)
         elif self._decode_error:

@@ -8,6 +8,7 @@ import logging
 from aiohttp import web
 
 from llmswap.router.base import BaseRouter
+from llmswap.server.activity_api import recorder_of
 from llmswap.server.state import STATE, ServerState
 from llmswap.tasks import batch_http
 from llmswap.tasks import http as task_http
@@ -19,8 +20,10 @@ log = logging.getLogger("llmswap.tasks")
 
 def create_app(server_state: ServerState) -> web.Application:
     from llmswap.server import (
+        activity_api,
         admin,
         auth,
+        cancel,
         events,
         guard,
         inference,
@@ -49,6 +52,9 @@ def create_app(server_state: ServerState) -> web.Application:
     batch_http.setup(app)
     metrics.setup(app)
     events.setup(app)
+    activity_api.setup(app)
+    activity_api.publish_to(server_state)
+    cancel.setup(app)
     ui.setup(app)
     app.on_startup.append(_start_tasks)
     app.on_cleanup.append(_stop_tasks)
@@ -70,6 +76,7 @@ async def _start_tasks(app: web.Application) -> None:
             elif router.config.tasks is not None:
                 # Tasks read the router through the state on every run: a config reload swaps it.
                 service = TaskService(router.config, lambda: server_state.router, loop)
+                service.recorder = recorder_of(server_state)
                 service.start()
                 server_state.extras[TASKS_KEY] = service
         except Exception:

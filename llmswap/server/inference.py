@@ -16,11 +16,14 @@ from urllib.parse import urlencode
 
 from aiohttp import hdrs, web
 
+from llmswap.activity.recording import Recording
 from llmswap.config.model import ModelConfig, PeerConfig
 from llmswap.process.state import ProcessState
 from llmswap.router import BaseRouter
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.server import middleware
+from llmswap.server.activity_api import begin_http, recorded
+from llmswap.server.cancel import cancellable
 from llmswap.server.errors import error_response, scheduler_error_response
 from llmswap.server.filters import FilterPlan, apply_plan, plan_for
 from llmswap.server.inflight import tracker_of
@@ -181,25 +184,32 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
         real = config.real_model_name(found.model)
         if real is not None:
             middleware.note_model(request, real)
+            recording = begin_http(request, model=real, requested=found.model, req_path=route.upstream_path)
             with tracker_of(server).track(request, real):
-                return await _serve_local(request, server, router, config.models[real], incoming)
+                work = _serve_local(request, server, router, config.models[real], incoming, recording)
+                return await recorded(recording, cancellable(request, work, incoming.dialect.error))
         peer = resolve_peer(config, found.model)
         if peer is not None:
             middleware.note_model(request, found.model)
+            recording = begin_http(request, model=found.model, requested=found.model,
+                                   req_path=route.upstream_path)
             with tracker_of(server).track(request, found.model):
-                return await _serve_peer(request, peer[0], peer[1], incoming)
+                work = _serve_peer(request, peer[0], peer[1], incoming, recording)
+                return await recorded(recording, cancellable(request, work, incoming.dialect.error))
     except ConnectionResetError:
         return _client_left()
     return error_response(request, 404, "no router for requested model")
 
 
 async def _serve_local(
-    request: web.Request, server: ServerState, router: BaseRouter, model: ModelConfig, incoming: Incoming
+    request: web.Request, server: ServerState, router: BaseRouter, model: ModelConfig, incoming: Incoming,
+    recording: Recording,
 ) -> web.StreamResponse:
     found = incoming.found
     body = outgoing_body(incoming.raw, found, local_plan(model, found.model))
     feedback: LoadingFeedback | None = None
     position = 0
+    admitted_at: float | None = None  # when the scheduler let the request through to a model not yet ready
 
     def on_position(new_position: int) -> None:
         nonlocal position
@@ -208,7 +218,9 @@ async def _serve_local(
             feedback.set_position(new_position)
 
     def on_admitted(model_state: ProcessState) -> None:
-        nonlocal feedback
+        nonlocal feedback, admitted_at
+        if model_state is not ProcessState.READY:
+            admitted_at = time.monotonic()
         if found.streaming and model.send_loading_state and model_state is not ProcessState.READY:
             feedback = LoadingFeedback(request, model.id, found.model, incoming.dialect, position=position)
             feedback.start()
@@ -223,7 +235,12 @@ async def _serve_local(
             on_admitted=on_admitted,
             on_position=on_position,
         ) as process:
-            middleware.note_wait(request, time.monotonic() - asked)
+            granted = time.monotonic()
+            middleware.note_wait(request, granted - asked)
+            if admitted_at is None:
+                recording.waited(granted - asked)
+            else:
+                recording.waited(admitted_at - asked, granted - admitted_at)
             loading_response = await feedback.finish() if feedback is not None else None
             upstream = process.config
             return await forward(
@@ -235,8 +252,10 @@ async def _serve_local(
                 response=loading_response,
                 response_header_timeout=upstream.timeouts.response_header,
                 sse_error=incoming.dialect.error,
+                recording=recording,
             )
     except SchedulerError as err:
+        recording.fail(err.status, err.message)
         if feedback is not None:
             return await feedback.fail(err.status, err.message)
         return scheduler_error_response(request, err)
@@ -246,7 +265,7 @@ async def _serve_local(
 
 
 async def _serve_peer(
-    request: web.Request, peer: PeerConfig, bare_model: str, incoming: Incoming
+    request: web.Request, peer: PeerConfig, bare_model: str, incoming: Incoming, recording: Recording
 ) -> web.StreamResponse:
     found = incoming.found
     plan = plan_for(peer.filters, found.model, model=bare_model)
@@ -257,6 +276,7 @@ async def _serve_peer(
         body=outgoing_body(incoming.raw, found, plan),
         query=query_with_model(request, bare_model) if found.source == "query" else None,
         sse_error=incoming.dialect.error,
+        recording=recording,
     )
 
 

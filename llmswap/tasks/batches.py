@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llmswap.tasks import batch_store as store
+from llmswap.tasks import recorded
 from llmswap.tasks.batch_input import (
     COMPLETION_WINDOWS,
     ENDPOINTS,
@@ -220,11 +221,20 @@ class Batches:
             body["stream"] = False  # a batch stores whole answers
         requested = str(params.get("model") or model)
         service = self.service
-        async with service.router_of().acquire(model, priority=service.tasks.priority) as process:
-            body, _ = apply_plan(body, local_plan(process.config, requested))
-            url = process.config.proxy.rstrip("/") + str(params.get("url") or "/v1/chat/completions")
-            async with service.http_session().post(url, json=body) as response:
-                status, text = response.status, await response.text()
+        path = str(params.get("url") or "/v1/chat/completions")
+        recording = recorded.begin(service.recorder, model=model, requested=requested, path=path,
+                                   origin="batch")
+        waiting = recorded.Waiting()
+        try:
+            async with service.router_of().acquire(model, priority=service.tasks.priority) as process:
+                waiting.granted(recording)
+                body, _ = apply_plan(body, local_plan(process.config, requested))
+                url = process.config.proxy.rstrip("/") + path
+                status, text = await recorded.post_json(service.http_session(), url, body, recording)
+        except BaseException as exc:
+            if recording is not None:  # refused by the router (or cancelled) before the call
+                recording.finish(getattr(exc, "status", 500), error=str(exc) or type(exc).__name__)
+            raise
         try:
             parsed: Any = json.loads(text)
         except ValueError:

@@ -22,7 +22,9 @@ from typing import Any
 
 import aiohttp
 
+from llmswap.activity.recorder import ActivityRecorder
 from llmswap.config.model import Config, TasksConfig
+from llmswap.tasks import recorded
 from llmswap.tasks.batch_store import BATCH_TYPE_PREFIX, batch_types_queued, init_batch_tables
 from llmswap.tasks.batches import Batches
 from llmswap.tasks.db import (
@@ -121,6 +123,8 @@ class TaskService:
         self._loop = loop
         self._poll_interval = poll_interval
         self._session: aiohttp.ClientSession | None = None
+        # Where task and batch requests are recorded (the app's activity recorder), once the app set it.
+        self.recorder: ActivityRecorder | None = None
         self._scheduler: TaskScheduler | None = None
         self._poller: asyncio.Task[None] | None = None
         # Guards the task types and budgets: a reload changes them on the event loop, a batch being
@@ -302,12 +306,21 @@ class TaskService:
         body["model"] = requested
         body["stream"] = False
         router = self._router_of()
-        async with router.acquire(task_type.model, priority=self.tasks.priority) as process:
-            body, _ = apply_plan(body, local_plan(process.config, requested))
-            async with self.http_session().post(process.config.proxy.rstrip("/") + path, json=body) as resp:
-                text = await resp.text()
-                if resp.status != 200:
-                    raise TaskError(f"{task_type.model} answered {resp.status}: {text[:500]}")
+        recording = recorded.begin(self.recorder, model=task_type.model, requested=requested, path=path,
+                                   origin="task")
+        waiting = recorded.Waiting()
+        try:
+            async with router.acquire(task_type.model, priority=self.tasks.priority) as process:
+                waiting.granted(recording)
+                body, _ = apply_plan(body, local_plan(process.config, requested))
+                url = process.config.proxy.rstrip("/") + path
+                status, text = await recorded.post_json(self.http_session(), url, body, recording)
+        except BaseException as exc:
+            if recording is not None:  # refused by the router (or cancelled) before the call
+                recording.finish(getattr(exc, "status", 500), error=str(exc) or type(exc).__name__)
+            raise
+        if status != 200:
+            raise TaskError(f"{task_type.model} answered {status}: {text[:500]}")
         try:
             json.loads(text)
         except ValueError as exc:
