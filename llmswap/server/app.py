@@ -21,6 +21,7 @@ log = logging.getLogger("llmswap.tasks")
 def create_app(server_state: ServerState) -> web.Application:
     from llmswap.server import (
         activity_api,
+        activity_metrics,
         admin,
         auth,
         cancel,
@@ -54,6 +55,7 @@ def create_app(server_state: ServerState) -> web.Application:
     events.setup(app)
     activity_api.setup(app)
     activity_api.publish_to(server_state)
+    activity_metrics.setup(server_state)
     cancel.setup(app)
     ui.setup(app)
     app.on_startup.append(_start_tasks)

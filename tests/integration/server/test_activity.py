@@ -18,6 +18,7 @@ from tests.helpers.models import demo_config, exclusive_config
 from tests.helpers.sse import parse_events
 from tests.integration.server.conftest import ServeConfig, Served, until
 from tests.integration.server.test_events import events
+from tests.integration.server.test_metrics import get, scrape
 
 MESSAGES = [{"role": "user", "content": "tell me about tokens"}]
 
@@ -190,3 +191,19 @@ async def test_a_task_is_recorded_with_the_tokens_of_its_answer(
         "task", "m", "/v1/chat/completions", 200)
     assert_tokens_match_timings(row, answer["timings"])
     assert row["queue_ms"] is not None
+
+
+async def test_tokens_and_speeds_reach_metrics(
+    serve_config: ServeConfig, http: aiohttp.ClientSession
+) -> None:
+    served = await serve_config(exclusive_config(demo_config("m", "--tokens-per-second", "200")))
+    body = {"model": "m", "messages": MESSAGES, "max_tokens": 5}
+    async with http.post(served.at("/v1/chat/completions"), json=body) as response:
+        timings = (await response.json())["timings"]
+    await row_for(http, served, 1)
+    samples = await scrape(http, served)
+    assert get(samples, "llmswap_tokens_total", model="m", kind="output") == 5
+    assert get(samples, "llmswap_tokens_total", model="m", kind="input") == timings["prompt_n"]
+    assert get(samples, "llmswap_generation_tokens_per_second_count", model="m") == 1
+    assert get(samples, "llmswap_generation_tokens_per_second_sum", model="m") == pytest.approx(
+        timings["predicted_per_second"])

@@ -1,0 +1,50 @@
+"""Token counts and speeds on `/metrics`, from each activity record as it is stored.
+
+    llmswap_tokens_total{model,kind}                      kind: input, output, cached, drafted, accepted
+    llmswap_prompt_tokens_per_second{model}               histogram of prompt processing speeds
+    llmswap_generation_tokens_per_second{model}           histogram of generation speeds
+
+Counts the answer did not report (-1) are left out, as are speeds of 0 or less (not reported).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+from llmswap.activity.record import ActivityRecord
+from llmswap.server.activity_api import recorder_of
+from llmswap.server.metrics import metrics_of
+from llmswap.server.state import ServerState
+
+SPEED_BUCKETS = (1, 2.5, 5, 10, 20, 30, 50, 75, 100, 150, 250, 500, 1000, 2500, 5000, 10000)
+
+
+class TokenMetrics:
+    def __init__(self, server_state: ServerState) -> None:
+        registry = metrics_of(server_state).registry
+        self.tokens = Counter("llmswap_tokens", "Tokens reported by upstream answers, by model and kind",
+                              ("model", "kind"), registry=registry)
+        self.prompt_speed = Histogram(
+            "llmswap_prompt_tokens_per_second", "Prompt processing speed reported per request (tokens/s)",
+            ("model",), buckets=SPEED_BUCKETS, registry=registry)
+        self.generation_speed = Histogram(
+            "llmswap_generation_tokens_per_second", "Generation speed reported per request (tokens/s)",
+            ("model",), buckets=SPEED_BUCKETS, registry=registry)
+
+    def on_record(self, record: ActivityRecord) -> None:
+        t = record.tokens
+        counts = (("input", t.input_tokens), ("output", t.output_tokens), ("cached", t.cache_tokens),
+                  ("drafted", t.draft_tokens), ("accepted", t.draft_acc_tokens))
+        for kind, count in counts:
+            if count > 0:
+                self.tokens.labels(record.model, kind).inc(count)
+        if t.prompt_per_second > 0:
+            self.prompt_speed.labels(record.model).observe(t.prompt_per_second)
+        if t.tokens_per_second > 0:
+            self.generation_speed.labels(record.model).observe(t.tokens_per_second)
+
+
+def setup(server_state: ServerState) -> TokenMetrics:
+    token_metrics = TokenMetrics(server_state)
+    recorder_of(server_state).listeners.append(token_metrics.on_record)
+    return token_metrics
