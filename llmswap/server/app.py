@@ -31,6 +31,7 @@ def create_app(server_state: ServerState) -> web.Application:
         logs,
         metrics,
         middleware,
+        performance_api,
         realtime,
         ui,
         upstream,
@@ -57,6 +58,7 @@ def create_app(server_state: ServerState) -> web.Application:
     activity_api.publish_to(server_state)
     activity_metrics.setup(server_state)
     cancel.setup(app)
+    performance_api.setup(app)
     ui.setup(app)
     app.on_startup.append(_start_tasks)
     app.on_cleanup.append(_stop_tasks)
