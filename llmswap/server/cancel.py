@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import hdrs, web
 
@@ -31,10 +31,13 @@ def cancelled_message(entry_id: str) -> str:
 
 
 async def cancellable(
-    request: web.Request, work: Awaitable[web.StreamResponse], sse_error: SseErrorFormatter = openai_sse_error
+    request: web.Request,
+    work: Awaitable[web.StreamResponse],
+    sse_error: SseErrorFormatter = openai_sse_error,
+    on_cancel: Callable[[int, str], None] | None = None,
 ) -> web.StreamResponse:
     """Await `work` (which runs inside a tracked in-flight entry); a cancel of that entry becomes a clean
-    end for the client instead of a dropped connection."""
+    end for the client instead of a dropped connection. `on_cancel(status, message)` is told (activity)."""
     try:
         return await work
     except asyncio.CancelledError:
@@ -45,6 +48,8 @@ async def cancellable(
         task.uncancel()
         message = cancelled_message(entry.id)
         log.info("%s %s: %s", request.method, request.path, message)
+        if on_cancel is not None:
+            on_cancel(CANCELLED_STATUS, message)
         response = entry.response
         if response is None or not response.prepared:
             return error_response(request, CANCELLED_STATUS, message)

@@ -187,7 +187,8 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
             recording = begin_http(request, model=real, requested=found.model, req_path=route.upstream_path)
             with tracker_of(server).track(request, real):
                 work = _serve_local(request, server, router, config.models[real], incoming, recording)
-                return await recorded(recording, cancellable(request, work, incoming.dialect.error))
+                return await recorded(recording, cancellable(request, work, incoming.dialect.error,
+                                                             recording.fail))
         peer = resolve_peer(config, found.model)
         if peer is not None:
             middleware.note_model(request, found.model)
@@ -195,7 +196,8 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
                                    req_path=route.upstream_path)
             with tracker_of(server).track(request, found.model):
                 work = _serve_peer(request, peer[0], peer[1], incoming, recording)
-                return await recorded(recording, cancellable(request, work, incoming.dialect.error))
+                return await recorded(recording, cancellable(request, work, incoming.dialect.error,
+                                                             recording.fail))
     except ConnectionResetError:
         return _client_left()
     return error_response(request, 404, "no router for requested model")

@@ -62,6 +62,9 @@ async def test_cancelling_a_stream_ends_it_cleanly_closes_the_upstream_and_frees
 
     await until(upstream_stopped, what="the demo to stop generating for the cancelled request")
     assert served.router.snapshot().in_flight.get("m", 0) == 0
+    async with http.get(served.at("/api/metrics/activity")) as response:
+        [row] = (await response.json())["data"]
+    assert row["resp_status_code"] == 502 and "cancelled" in row["error_msg"]
     # concurrencyLimit: 1 would answer 429 if the cancelled request still counted.
     quick = {"model": "m", "messages": MESSAGES, "max_tokens": 2}
     async with http.post(served.at("/v1/chat/completions"), json=quick) as response:
