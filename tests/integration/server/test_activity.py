@@ -207,3 +207,17 @@ async def test_tokens_and_speeds_reach_metrics(
     assert get(samples, "llmswap_generation_tokens_per_second_count", model="m") == 1
     assert get(samples, "llmswap_generation_tokens_per_second_sum", model="m") == pytest.approx(
         timings["predicted_per_second"])
+
+
+async def test_upstream_model_routes_are_recorded_by_their_path_and_others_are_not(
+    serve_config: ServeConfig, http: aiohttp.ClientSession
+) -> None:
+    served = await serve_config(exclusive_config(demo_config("m")))
+    body = {"model": "m", "messages": MESSAGES, "max_tokens": 2}
+    async with http.post(served.at("/upstream/m/v1/chat/completions"), json=body) as response:
+        answer = await response.json()
+    async with http.get(served.at("/upstream/m/props")) as response:
+        assert response.status == 200
+    [row] = await row_for(http, served, 1)
+    assert (row["model"], row["req_path"], row["tokens"]["output_tokens"]) == (
+        "m", "/v1/chat/completions", answer["usage"]["completion_tokens"])
