@@ -19,6 +19,9 @@ from llmswap.activity.record import ActivityRecord, error_message
 from llmswap.activity.tokens import Reported, SseScanner, read_json_answer, token_stats
 
 JSON_BODY_LIMIT = 16 * 1024 * 1024  # a whole (non-stream) answer larger than this is not read for tokens
+# A stream is held for its capture up to this (or 4x the ring, if smaller: it compresses well, but many
+# streams at once must not each hold megabytes); a longer one's capture keeps no response body.
+STREAM_CAPTURE_LIMIT = 8 * 1024 * 1024
 _DECODABLE = ("gzip", "x-gzip", "deflate")
 
 
@@ -118,7 +121,7 @@ class Recording:
                 return
         if self._scanner is not None:
             self._scanner.feed(data)
-            limit = self._capture_limit * 4 if self._keep_resp_body else 0
+            limit = min(self._capture_limit * 4, STREAM_CAPTURE_LIMIT) if self._keep_resp_body else 0
         else:
             limit = JSON_BODY_LIMIT
         if self._body_overflow:

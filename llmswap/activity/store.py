@@ -114,7 +114,10 @@ class SqliteLog:
             job = self._jobs.get()
             if job is None:
                 break
-            job()
+            try:
+                job()
+            except Exception:  # one bad job must not end the thread every later write waits on
+                log.exception("activity: the store's worker failed a job")
         if self._db is not None:
             self._db.close()
 
@@ -145,7 +148,11 @@ class SqliteLog:
             self._write_failed = True
             return
         self._write_failed = False
-        self._loop.call_soon_threadsafe(stored, record)
+        if not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(stored, record)
+            except RuntimeError:  # the loop closed meanwhile (shutdown): nobody is left to tell
+                pass
 
     def _call(self, work: Callable[[], _T]) -> asyncio.Future[_T]:
         future: concurrent.futures.Future[_T] = concurrent.futures.Future()
