@@ -59,7 +59,7 @@ class Recording:
         self._ttfb_ms: int | None = None
         self._status: int | None = None
         self._content_type = ""
-        self._response_headers: dict[str, str] | None = None
+        self._raw_response_headers: Mapping[str, str] | None = None
         self._decoder: zlib._Decompress | None = None
         self._decode_error = ""
         self._scanner: SseScanner | None = None
@@ -102,8 +102,7 @@ class Recording:
             self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by its header
         elif encoding and encoding != "identity":
             self._decode_error = f"response content-encoding {encoding!r} is not read"
-        self._response_headers = {name: value for name, value in redacted(headers).items()
-                                  if name.lower() != "content-encoding"}
+        self._raw_response_headers = headers  # redacted only if a capture is kept
         if "text/event-stream" in self._content_type.lower():
             self._scanner = SseScanner()
 
@@ -168,6 +167,14 @@ class Recording:
         self._done(record, self._capture(record, status, whole))
         return record
 
+    def _shown_response_headers(self) -> dict[str, str] | None:
+        """The response headers as a capture shows them: redacted, and without Content-Encoding (the body
+        is kept decoded)."""
+        if self._raw_response_headers is None:
+            return None
+        return {name: value for name, value in redacted(self._raw_response_headers).items()
+                if name.lower() != "content-encoding"}
+
     def _capture(self, record: ActivityRecord, status: int, body: bytes | None) -> Capture | None:
         if self._capture_limit <= 0 or (status in (200, 201) and self._decode_error):
             return None
@@ -176,7 +183,7 @@ class Recording:
             id=record.id, req_path=self.facts.req_path,
             req_headers=redacted(self.facts.request_headers) if keep_req_headers else None,
             req_body=self._request_body,
-            resp_headers=self._response_headers if keep_resp_headers else None,
+            resp_headers=self._shown_response_headers() if keep_resp_headers else None,
             # A failed answer's body is kept too (llama-swap drops it): it is what one opens a capture for.
             resp_body=body if self._keep_resp_body else None,
         )

@@ -16,6 +16,7 @@ and nothing but the current partial line is held, so a long stream costs no memo
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -122,8 +123,9 @@ def fold_event(reported: Reported, event: Any) -> Reported:
         return reported
     later = reported.found
     for usage in (event.get("usage"), _inner(event, "response", "usage"), _inner(event, "message", "usage")):
-        reported = merge_usage(reported, usage, later=later)
-        later = later or reported.found
+        if isinstance(usage, dict):
+            reported = merge_usage(reported, usage, later=later)
+            later = later or reported.found
     timings = event.get("timings")
     if isinstance(timings, dict):
         reported = replace(reported, timings=timings, found=True)
@@ -138,9 +140,31 @@ def _inner(event: dict[str, Any], outer: str, key: str) -> Any:
     return value.get(key) if isinstance(value, dict) else None
 
 
+_DECODER = json.JSONDecoder()
+_KEY_PATTERN = re.compile(rb'"(usage|timings|metrics)"\s*:\s*\{')
+
+
 def read_json_answer(body: bytes, path: str = "") -> Reported:
     """What a whole JSON answer reported. llama.cpp's `/infill` answers with a list: its last element's
-    `timings` count."""
+    `timings` count.
+
+    An object answer is not parsed whole: only the `usage`, `timings` and `metrics` objects are, found by
+    their keys (inside a JSON string a quote is escaped, so `"usage": {` there cannot match). An answer
+    is mostly generated text; reading just these keeps the cost per request small."""
+    if body.lstrip()[:1] != b"{":
+        return _read_whole(body, path)
+    found: dict[str, Any] = {}
+    for match in _KEY_PATTERN.finditer(body):
+        try:
+            # Decoded from the object's `{` on (a character boundary): the rest of the answer is not needed.
+            value, _ = _DECODER.raw_decode(body[match.end() - 1 :].decode("utf-8", errors="replace"))
+        except ValueError:
+            continue
+        found[match.group(1).decode()] = value  # the last one wins: top-level keys come last
+    return fold_event(Reported(), found) if found else Reported()
+
+
+def _read_whole(body: bytes, path: str) -> Reported:
     try:
         document = json.loads(body)
     except (ValueError, UnicodeDecodeError):

@@ -9,6 +9,8 @@ Counts the answer did not report (-1) are left out, as are speeds of 0 or less (
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Histogram
 
 from llmswap.activity.record import ActivityRecord
@@ -16,6 +18,7 @@ from llmswap.server.activity_api import recorder_of
 from llmswap.server.metrics import metrics_of
 from llmswap.server.state import ServerState
 
+KINDS = ("input", "output", "cached", "drafted", "accepted")
 SPEED_BUCKETS = (1, 2.5, 5, 10, 20, 30, 50, 75, 100, 150, 250, 500, 1000, 2500, 5000, 10000)
 
 
@@ -30,18 +33,26 @@ class TokenMetrics:
         self.generation_speed = Histogram(
             "llmswap_generation_tokens_per_second", "Generation speed reported per request (tokens/s)",
             ("model",), buckets=SPEED_BUCKETS, registry=registry)
+        self._series: dict[str, tuple[list[Any], Any, Any]] = {}
 
     def on_record(self, record: ActivityRecord) -> None:
         t = record.tokens
-        counts = (("input", t.input_tokens), ("output", t.output_tokens), ("cached", t.cache_tokens),
-                  ("drafted", t.draft_tokens), ("accepted", t.draft_acc_tokens))
-        for kind, count in counts:
+        counts = (t.input_tokens, t.output_tokens, t.cache_tokens, t.draft_tokens, t.draft_acc_tokens)
+        if not any(count > 0 for count in counts) and t.prompt_per_second <= 0 and t.tokens_per_second <= 0:
+            return
+        series = self._series.get(record.model)
+        if series is None:  # looked up once per model: labels() costs more than the increment
+            series = ([self.tokens.labels(record.model, kind) for kind in KINDS],
+                      self.prompt_speed.labels(record.model), self.generation_speed.labels(record.model))
+            self._series[record.model] = series
+        counters, prompt_speed, generation_speed = series
+        for counter, count in zip(counters, counts, strict=True):
             if count > 0:
-                self.tokens.labels(record.model, kind).inc(count)
+                counter.inc(count)
         if t.prompt_per_second > 0:
-            self.prompt_speed.labels(record.model).observe(t.prompt_per_second)
+            prompt_speed.observe(t.prompt_per_second)
         if t.tokens_per_second > 0:
-            self.generation_speed.labels(record.model).observe(t.tokens_per_second)
+            generation_speed.observe(t.tokens_per_second)
 
 
 def setup(server_state: ServerState) -> TokenMetrics:

@@ -135,3 +135,17 @@ def test_loading_state_and_non_json_lines_are_ignored():
     loading = sse({"choices": [{"delta": {"reasoning_content": "loading"}}]})
     data = b": keep-alive\n\ndata: not json usage\"\n\n" + loading
     assert not scan(data).found
+
+
+def test_usage_is_found_by_its_key_and_not_inside_generated_text():
+    content = 'the key "usage": {"prompt_tokens": 999} and ünïcödé text'
+    answer = {"choices": [{"message": {"content": content}}],
+              "usage": {"prompt_tokens": 7, "completion_tokens": 3}}
+    stats, _ = token_stats(read_json_answer(json.dumps(answer, ensure_ascii=False).encode()), 1)
+    assert (stats.input_tokens, stats.output_tokens) == (7, 3)
+    only_text = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
+    assert not read_json_answer(only_text).found
+
+
+def test_a_broken_usage_object_is_skipped():
+    assert not read_json_answer(b'{"usage": {"prompt_tokens": 1,').found
