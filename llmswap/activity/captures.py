@@ -100,12 +100,25 @@ def _b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode()
 
 
+# A capture whose bodies and headers hold fewer bytes than this is kept as it is: compressing a few
+# hundred bytes saves little and costs the most per request (most chat requests are this small).
+SMALL_CAPTURE = 4096
+_ENTRY_OVERHEAD = 256  # what an uncompressed entry's objects cost beyond its bytes, roughly
+
+
+def _raw_size(capture: Capture) -> int:
+    headers = (capture.req_headers or {}, capture.resp_headers or {})
+    return (len(capture.req_body or b"") + len(capture.resp_body or b"") + _ENTRY_OVERHEAD
+            + sum(len(name) + len(value) for shown in headers for name, value in shown.items()))
+
+
 class CaptureRing:
-    """Compressed captures by activity id, oldest first, within `budget` bytes (0 = captures off)."""
+    """Captures by activity id, oldest first, within `budget` bytes (0 = captures off); all but small ones
+    compressed."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
-        self._blobs: OrderedDict[int, bytes] = OrderedDict()
+        self._blobs: OrderedDict[int, bytes | Capture] = OrderedDict()
         self.size = 0
 
     @property
@@ -122,19 +135,27 @@ class CaptureRing:
         """Keep `capture`, evicting the oldest as needed; False when it is larger than the whole ring."""
         if not self.enabled:
             return False
-        blob = capture.compress()
-        if len(blob) > self.budget:
+        raw = _raw_size(capture)
+        entry: bytes | Capture = capture if raw <= SMALL_CAPTURE else capture.compress()
+        size = raw if isinstance(entry, Capture) else len(entry)
+        if size > self.budget:
             return False
         old = self._blobs.pop(capture.id, None)
         if old is not None:
-            self.size -= len(old)
-        while self._blobs and self.size + len(blob) > self.budget:
+            self.size -= _size_of(old)
+        while self._blobs and self.size + size > self.budget:
             _, evicted = self._blobs.popitem(last=False)
-            self.size -= len(evicted)
-        self._blobs[capture.id] = blob
-        self.size += len(blob)
+            self.size -= _size_of(evicted)
+        self._blobs[capture.id] = entry
+        self.size += size
         return True
 
     def get(self, activity_id: int) -> Capture | None:
-        blob = self._blobs.get(activity_id)
-        return None if blob is None else Capture.decompress(blob)
+        entry = self._blobs.get(activity_id)
+        if entry is None or isinstance(entry, Capture):
+            return entry
+        return Capture.decompress(entry)
+
+
+def _size_of(entry: bytes | Capture) -> int:
+    return _raw_size(entry) if isinstance(entry, Capture) else len(entry)

@@ -22,7 +22,7 @@ from typing import Any
 
 UNKNOWN = -1
 MAX_LINE = 1 << 20  # a longer SSE line is skipped, never buffered (no usage event is that large)
-_MARKERS = (b'"usage"', b'"timings"', b'"metrics"')
+_MARKER_RE = re.compile(rb'"(?:usage|timings|metrics)"')
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ class SseScanner:
         return self.reported
 
     def _line(self, line: bytes) -> None:
-        if not line.startswith(b"data:") or not any(marker in line for marker in _MARKERS):
+        if not line.startswith(b"data:") or _MARKER_RE.search(line) is None:
             return
         payload = line[5:].strip()
         if not payload or payload == b"[DONE]":

@@ -189,3 +189,12 @@ def test_resizing_keeps_the_newest_rows():
         recorder.begin(facts()).finish(200)
     recorder.configure(ActivitySettings(max_in_memory=3, capture_mb=1))
     assert [r.id for r in rows(recorder)] == [8, 9, 10] and recorder.captures.budget == MIB
+
+
+def test_large_captures_are_compressed_and_small_ones_kept_as_they_are():
+    ring = CaptureRing(MIB)
+    large = Capture(1, CHAT, {"a": "b"}, b'{"messages": "' + b"hello " * 2000 + b'"}', {}, b"ok")
+    small = Capture(2, CHAT, {"a": "b"}, b'{"model": "m"}', {}, b"ok")
+    assert ring.add(large) and ring.add(small)
+    assert ring.size < len(large.req_body or b"")  # the large one counts at its compressed size
+    assert ring.get(1) == large and ring.get(2) == small
