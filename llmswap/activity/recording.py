@@ -39,6 +39,42 @@ class RequestFacts:
     metadata: Mapping[str, str] = field(default_factory=dict)
 
 
+class StreamEnds:
+    """The first `HEAD` and the last `TAIL`-or-so bytes of an event stream, read for tokens at its end.
+
+    Where the counts are: the last events (OpenAI's usage chunk, llama.cpp's timings, the Responses API's
+    `response.completed`, Anthropic's `message_delta`) and the first one (Anthropic's `message_start`).
+    Holding the two ends costs one copy per chunk and nothing per line, however long the stream.
+    """
+
+    HEAD = 8 * 1024
+    TAIL = 32 * 1024
+
+    def __init__(self) -> None:
+        self._head = bytearray()
+        self._tail = bytearray()
+        self._trimmed = False
+
+    def feed(self, data: bytes) -> None:
+        if len(self._head) < self.HEAD:
+            self._head += data[: self.HEAD - len(self._head)]
+        self._tail += data
+        if len(self._tail) > 2 * self.TAIL:
+            del self._tail[: -self.TAIL]
+            self._trimmed = True
+
+    def reported(self) -> Reported:
+        scanner = SseScanner()
+        if not self._trimmed:
+            scanner.feed(bytes(self._tail))  # the whole stream
+            return scanner.finish()
+        head_end = self._head.rfind(b"\n")
+        scanner.feed(bytes(self._head[: head_end + 1]))
+        # The tail starts inside some line: from its first line break on.
+        scanner.feed(bytes(self._tail[self._tail.find(b"\n") + 1 :]))
+        return scanner.finish()
+
+
 class Recording:
     """Made by `ActivityRecorder.begin`; `finish` once (later calls do nothing)."""
 
@@ -62,7 +98,7 @@ class Recording:
         self._raw_response_headers: Mapping[str, str] | None = None
         self._decoder: zlib._Decompress | None = None
         self._decode_error = ""
-        self._scanner: SseScanner | None = None
+        self._stream: StreamEnds | None = None
         self._body = bytearray()
         self._body_overflow = False
         self._finished = False
@@ -104,7 +140,7 @@ class Recording:
             self._decode_error = f"response content-encoding {encoding!r} is not read"
         self._raw_response_headers = headers  # redacted only if a capture is kept
         if "text/event-stream" in self._content_type.lower():
-            self._scanner = SseScanner()
+            self._stream = StreamEnds()
 
     def chunk(self, data: bytes) -> None:
         """Bytes of the answer as they went to the client."""
@@ -118,8 +154,8 @@ class Recording:
             except zlib.error as exc:
                 self._decode_error = f"response decompression failed: {exc}"
                 return
-        if self._scanner is not None:
-            self._scanner.feed(data)
+        if self._stream is not None:
+            self._stream.feed(data)
             limit = min(self._capture_limit * 4, STREAM_CAPTURE_LIMIT) if self._keep_resp_body else 0
         else:
             limit = JSON_BODY_LIMIT
@@ -141,7 +177,7 @@ class Recording:
         wall_ms = int((time.perf_counter() - self._started) * 1000)
         status = status if status is not None else (self._status or 0)
         if body is not None:
-            self._body, self._body_overflow, self._scanner = bytearray(body), False, None
+            self._body, self._body_overflow, self._stream = bytearray(body), False, None
             self._content_type = content_type or self._content_type
         whole = None if self._body_overflow else bytes(self._body)
         reported = Reported()
@@ -150,8 +186,8 @@ class Recording:
             message = message or error_message(status, whole)
         elif self._decode_error:
             message = message or self._decode_error
-        elif self._scanner is not None:
-            reported = self._scanner.finish()
+        elif self._stream is not None:
+            reported = self._stream.reported()
         elif whole:
             reported = read_json_answer(whole, self.facts.req_path)
         tokens, duration = token_stats(reported, wall_ms)

@@ -198,3 +198,24 @@ def test_large_captures_are_compressed_and_small_ones_kept_as_they_are():
     assert ring.add(large) and ring.add(small)
     assert ring.size < len(large.req_body or b"")  # the large one counts at its compressed size
     assert ring.get(1) == large and ring.get(2) == small
+
+
+def test_a_long_stream_is_read_from_its_two_ends_with_bounded_memory():
+    from llmswap.activity.recording import StreamEnds
+
+    def event(payload: dict) -> bytes:
+        return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+    recorder = ActivityRecorder(ActivitySettings(capture_mb=0))
+    recording = recorder.begin(facts(path="/v1/messages"))
+    recording.response_headers(200, {"Content-Type": "text/event-stream"})
+    recording.chunk(event({"type": "message_start", "message": {"usage": {"input_tokens": 21}}}))
+    delta = event({"type": "content_block_delta", "delta": {"text": "token " * 5}})
+    for _ in range(20_000):  # ~1.7 MB of stream
+        recording.chunk(delta)
+    held = recording._stream
+    assert isinstance(held, StreamEnds) and len(held._tail) <= 2 * StreamEnds.TAIL
+    recording.chunk(event({"type": "message_delta", "usage": {"output_tokens": 20_000}}))
+    record = recording.finish()
+    assert record is not None
+    assert (record.tokens.input_tokens, record.tokens.output_tokens) == (21, 20_000)
