@@ -106,7 +106,8 @@ SMALL_CAPTURE = 4096
 _ENTRY_OVERHEAD = 256  # what an uncompressed entry's objects cost beyond its bytes, roughly
 
 
-def _raw_size(capture: Capture) -> int:
+def raw_size(capture: Capture) -> int:
+    """Bytes a capture holds before compression (bodies, headers, a rough allowance for the objects)."""
     headers = (capture.req_headers or {}, capture.resp_headers or {})
     return (len(capture.req_body or b"") + len(capture.resp_body or b"") + _ENTRY_OVERHEAD
             + sum(len(name) + len(value) for shown in headers for name, value in shown.items()))
@@ -135,18 +136,25 @@ class CaptureRing:
         """Keep `capture`, evicting the oldest as needed; False when it is larger than the whole ring."""
         if not self.enabled:
             return False
-        raw = _raw_size(capture)
-        entry: bytes | Capture = capture if raw <= SMALL_CAPTURE else capture.compress()
-        size = raw if isinstance(entry, Capture) else len(entry)
+        raw = raw_size(capture)
+        if raw <= SMALL_CAPTURE:
+            return self._insert(capture.id, capture, raw)
+        return self.add_compressed(capture.id, capture.compress())
+
+    def add_compressed(self, activity_id: int, blob: bytes) -> bool:
+        """`add` for a capture compressed elsewhere (a large one, on a worker thread)."""
+        return self.enabled and self._insert(activity_id, blob, len(blob))
+
+    def _insert(self, activity_id: int, entry: bytes | Capture, size: int) -> bool:
         if size > self.budget:
             return False
-        old = self._blobs.pop(capture.id, None)
+        old = self._blobs.pop(activity_id, None)
         if old is not None:
             self.size -= _size_of(old)
         while self._blobs and self.size + size > self.budget:
             _, evicted = self._blobs.popitem(last=False)
             self.size -= _size_of(evicted)
-        self._blobs[capture.id] = entry
+        self._blobs[activity_id] = entry
         self.size += size
         return True
 
@@ -158,4 +166,4 @@ class CaptureRing:
 
 
 def _size_of(entry: bytes | Capture) -> int:
-    return _raw_size(entry) if isinstance(entry, Capture) else len(entry)
+    return raw_size(entry) if isinstance(entry, Capture) else len(entry)

@@ -8,6 +8,7 @@ The request path (today `llmswap.server.inference` and the task queue; later the
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 from collections import deque
@@ -15,13 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from llmswap.activity.captures import MIB, Capture, CaptureRing
+from llmswap.activity.captures import MIB, Capture, CaptureRing, raw_size
 from llmswap.activity.query import ActivityQuery, Page, answer, stat_row, stats
 from llmswap.activity.record import ActivityRecord
 from llmswap.activity.recording import Recording, RequestFacts
 
 log = logging.getLogger("llmswap.activity")
 
+OFFLOAD_CAPTURE = 256 * 1024  # captures larger than this are compressed off the event loop
 DEFAULT_MAX_IN_MEMORY = 1000
 DEFAULT_CAPTURE_MB = 5
 
@@ -112,10 +114,26 @@ class ActivityRecorder:
     def _done(self, record: ActivityRecord, capture: Capture | None) -> None:
         if capture is not None:
             try:
-                self.captures.add(capture)
+                self._keep(capture)
             except Exception:
                 log.exception("activity: keeping the capture of request %d failed", record.id)
         self.log.add(record, self._stored)
+
+    def _keep(self, capture: Capture) -> None:
+        loop = _running_loop()
+        if loop is None or raw_size(capture) <= OFFLOAD_CAPTURE:
+            self.captures.add(capture)
+            return
+        # Compressing megabytes takes milliseconds: on a worker thread (zlib lets go of the GIL), so other
+        # requests are not held up; the ring (the loop's) takes the result when it is ready.
+        ring = self.captures
+        done = loop.run_in_executor(None, capture.compress)
+
+        def keep(compressed: asyncio.Future[bytes]) -> None:
+            if not compressed.cancelled() and compressed.exception() is None:
+                ring.add_compressed(capture.id, compressed.result())
+
+        done.add_done_callback(keep)
 
     def _stored(self, record: ActivityRecord) -> None:
         for listener in tuple(self.listeners):
@@ -126,3 +144,10 @@ class ActivityRecorder:
 
     def has_capture(self, activity_id: int) -> bool:
         return activity_id in self.captures
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

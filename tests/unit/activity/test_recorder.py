@@ -219,3 +219,21 @@ def test_a_long_stream_is_read_from_its_two_ends_with_bounded_memory():
     record = recording.finish()
     assert record is not None
     assert (record.tokens.input_tokens, record.tokens.output_tokens) == (21, 20_000)
+
+
+async def test_a_large_capture_is_compressed_off_the_event_loop_then_kept():
+    recorder = ActivityRecorder()
+    recording = recorder.begin(facts())
+    recording.request_body(b'{"messages": "' + b"long prompt " * 40_000 + b'"}')  # ~480 KB
+    recording.response_headers(200, {"Content-Type": "application/json"})
+    recording.chunk(b'{"usage": {"prompt_tokens": 1, "completion_tokens": 1}}')
+    record = recording.finish()
+    assert record is not None and rows(recorder) == [record]  # the row does not wait for the capture
+
+    for _ in range(500):
+        if recorder.has_capture(record.id):
+            break
+        await asyncio.sleep(0.01)
+    capture = recorder.captures.get(record.id)
+    assert capture is not None and capture.req_body is not None and len(capture.req_body) > 400_000
+    assert recorder.captures.size < 100_000  # kept compressed
