@@ -14,6 +14,7 @@ from collections.abc import Awaitable
 from aiohttp import web
 
 from llmswap.activity.query import QueryError, parse_query
+from llmswap.activity.record import ActivityRecord
 from llmswap.activity.recorder import ActivityRecorder, ActivitySettings
 from llmswap.activity.recording import Recording, RequestFacts
 from llmswap.activity.store import open_store
@@ -146,9 +147,9 @@ def publish_to(server_state: ServerState) -> None:
 
     feed = feed_of(server_state)
 
-    def on_row(record: object) -> None:
+    def on_row(record: ActivityRecord) -> None:
         if feed.bus.subscribers:
-            feed.bus.publish(Event("activity", {"id": getattr(record, "id", 0)}))
+            feed.bus.publish(Event("activity", {"id": record.id}))
 
     recorder_of(server_state).listeners.append(on_row)
 

@@ -33,7 +33,6 @@ from llmswap.server.state import STATE, ServerState, state
 log = logging.getLogger("llmswap.perf")
 
 PERF_KEY = "performance"
-HARDWARE: web.AppKey[dict[str, Any] | None] = web.AppKey("llmswap_hardware", dict)  # type: ignore[arg-type]
 
 
 class Performance:
@@ -44,6 +43,7 @@ class Performance:
         settings = server_state.config.performance
         self.available = not settings.disabled
         self.monitor: PerformanceMonitor | None = self._new(settings.every) if self.available else None
+        self.hardware: dict[str, Any] | None = None  # detected at start; None if that failed
 
     def _new(self, every: float) -> PerformanceMonitor:
         return PerformanceMonitor(every, self.gauges)
@@ -60,6 +60,7 @@ class Performance:
         current = self.monitor
         if settings.disabled:
             current.cancel()
+            self.monitor = self._new(current.every)  # not started: the routes answer with no samples
         elif settings.every != current.every:
             current.cancel()
             self.monitor = self._new(settings.every)
@@ -86,7 +87,7 @@ async def performance_route(request: web.Request) -> web.Response:
 
 
 async def hardware_route(request: web.Request) -> web.Response:
-    report = request.app.get(HARDWARE)
+    report = performance_of(state(request)).hardware
     if report is None:
         return error_response(request, 503, "hardware detection unavailable")
     return web.json_response(report)
@@ -166,10 +167,9 @@ async def _start(app: web.Application) -> None:
     if perf.monitor is not None:
         perf.monitor.start()
     try:
-        app[HARDWARE] = await asyncio.wait_for(asyncio.to_thread(hardware.detect, perf.gauges()), 10)
+        perf.hardware = await asyncio.wait_for(asyncio.to_thread(hardware.detect, perf.gauges()), 10)
     except Exception as exc:
         log.warning("hardware detection failed (%s: %s); /api/hardware answers 503", type(exc).__name__, exc)
-        app[HARDWARE] = None
 
 
 async def _stop(app: web.Application) -> None:

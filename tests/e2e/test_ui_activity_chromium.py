@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 
 from llmswap.config.model import ApiKey
+from tests.e2e import test_ui_chromium as ui
 from tests.e2e.test_ui_chromium import (
     HEIGHT,
     KEY,
@@ -28,12 +29,11 @@ from tests.e2e.test_ui_chromium import (
     chromium,
     model_state,
     png_size,
-    pytestmark,
 )
 from tests.helpers.models import demo_config, exclusive_config
 from tests.integration.server.conftest import Served, serving
 
-__all__ = ["pytestmark"]
+pytestmark = ui.pytestmark  # skipped without Chromium, as the status page's other tests
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 

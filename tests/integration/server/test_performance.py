@@ -12,6 +12,8 @@ from llmswap.config.model import PerformanceConfig
 from llmswap.gpu.fake import FakeReader
 from llmswap.gpu.units import GiB
 from llmswap.server.metrics import METRICS_KEY, ServerMetrics
+from llmswap.server.performance_api import performance_of
+from llmswap.server.reload import apply_config
 from llmswap.server.state import ServerState
 from tests.helpers.models import demo_config, exclusive_config
 from tests.integration.server.conftest import ServeConfig, Served, until
@@ -71,3 +73,24 @@ async def test_performance_disabled_answers_503(
     assert await performance(http, served) == (503, {"enabled": False})
     samples = await scrape(http, served)
     assert get(samples, "llmswap_host_memory_total_bytes") == 0
+
+
+async def test_a_reload_that_disables_sampling_stops_it_and_one_that_changes_every_restarts_it(
+    serve_config: ServeConfig, http: aiohttp.ClientSession
+) -> None:
+    config = exclusive_config(demo_config("m"))
+    served = await serve_config(config)
+
+    async def sampled() -> bool:
+        return (await performance(http, served))[1]["sys_stats"] is not None
+
+    await until(sampled, what="the first sample")
+    slower = dataclasses.replace(config, performance=PerformanceConfig(every=60.0))
+    assert apply_config(served.state, slower).applied
+    await until(sampled, what="the first sample at the new pace")
+    assert performance_of(served.state).monitor.every == 60.0  # type: ignore[union-attr]
+
+    off = dataclasses.replace(config, performance=PerformanceConfig(disabled=True))
+    assert apply_config(served.state, off).applied
+    # Disabled by a reload: still 200 (as llama-swap), with no samples until sampling comes back.
+    assert await performance(http, served) == (200, {"enabled": True, "sys_stats": None, "gpu_stats": None})
