@@ -10,6 +10,7 @@ Rows and where they come from:
   250 ms + 1 s polling applied to the same ready times;
 - warm added latency, throughput, proxy RSS: bench.proxy_overhead's minimal upstream, direct and through a
   real llmswap; RSS of the llmswap process (psutil) against that upstream's, a bare aiohttp server;
+- recording cost: bench.recording_cost, the same llmswap with activity and captures on and off;
 - streaming relay: bench.relay, a long SSE stream from the unpaced demo upstream;
 - interleaved multi-model trace: bench.sim, the batch scheduler against FIFO on the same trace;
 - real llama.cpp upstream: bench.llamacpp, llama-cpp-python's server on a generated GGUF model;
@@ -32,7 +33,7 @@ from pathlib import Path
 import aiohttp
 import psutil
 
-from bench import cold_start, proxy_overhead, wrk_nginx
+from bench import cold_start, proxy_overhead, recording_cost, wrk_nginx
 from bench.launch import HOST, PeakRss, free_port, running_llmswap
 from bench.llamacpp import llama_cpp_tokens, llama_cpp_version
 from bench.proxy_overhead import Side
@@ -127,6 +128,12 @@ async def overhead_rows(scale: Scale) -> list[Row]:
     return rows
 
 
+async def recording_rows(scale: Scale) -> list[Row]:
+    """Activity and captures on against off, same llmswap, same run."""
+    return await recording_cost.recording_rows(scale.latency_requests // 2, scale.throughput_requests // 2,
+                                               scale.concurrency)
+
+
 async def trace_rows(_: Scale) -> list[Row]:
     """The batch scheduler against FIFO on the interleaved trace; a simulation, so exact and instant."""
     trace = interleaved_burst()
@@ -160,6 +167,7 @@ async def wrk_rows(scale: Scale) -> list[Row]:
 PARTS: list[tuple[str, Callable[[Scale], Awaitable[list[Row]]]]] = [
     ("cold starts", cold_start_rows),
     ("warm latency, throughput and memory", overhead_rows),
+    ("recording cost", recording_rows),
     ("streaming relay", relay_rows),
     ("interleaved trace (simulated)", trace_rows),
     ("real llama.cpp upstream", llama_rows),

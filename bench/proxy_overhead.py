@@ -64,8 +64,10 @@ def _chunks() -> list[bytes]:
         return b"data: " + json.dumps(body).encode() + b"\n\n"
 
     words = ["one", " two", " three", " four"]
+    usage = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+             "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5}}
     return [chunk({"role": "assistant", "content": ""}, None), *(chunk({"content": w}, None) for w in words),
-            chunk({}, "length"), b"data: [DONE]\n\n"]
+            chunk({}, "length"), b"data: " + json.dumps(usage).encode() + b"\n\n", b"data: [DONE]\n\n"]
 
 
 async def _serve_raw_upstream(port: int) -> None:

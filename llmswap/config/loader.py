@@ -16,6 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from llmswap.config.access_section import read_allowed_hosts, read_allowed_origins
+from llmswap.config.activity_section import read_activity, read_performance
 from llmswap.config.envsubst import mark_env, substitute_env, written_form
 from llmswap.config.errors import ConfigError, Problem, Problems, in_file_order
 from llmswap.config.fields import Fields
@@ -74,14 +75,14 @@ TOP_LEVEL_KEYS = (
     "allowedHosts",
     "selectors",
     "profiles",
-)
-# llama-swap features llmswap does not have; a llama-swap file carrying them still loads.
-IGNORED_TOP_LEVEL_KEYS = (
     "metricsMaxInMemory",
     "captureBuffer",
     "store",
-    "ui",
     "performance",
+)
+# llama-swap features llmswap does not have; a llama-swap file carrying them still loads.
+IGNORED_TOP_LEVEL_KEYS = (
+    "ui",
     "logRequests",
 )
 DEFAULT_STATE_DIR = ".llmswap-state"
@@ -211,6 +212,8 @@ def load_tree(
         tasks=read_tasks(root, base_dir, resolve),
         allowed_origins=read_allowed_origins(root),
         allowed_hosts=read_allowed_hosts(root),
+        activity=read_activity(root, base_dir),
+        performance=read_performance(root),
         warnings=tuple(str(warning) for warning in in_file_order(problems.warnings)),
     )
     problems.raise_if_errors()

@@ -286,6 +286,24 @@ class TasksConfig:
 
 
 @dataclass(frozen=True)
+class ActivityConfig:
+    """`metricsMaxInMemory`, `captureBuffer` (MiB) and `store:` (llmswap.activity)."""
+
+    max_in_memory: int = 1000
+    capture_mb: float = 5.0  # 0 = captures off
+    store_path: Path | None = None  # None: activity in memory only
+    store_retention: int = 100_000  # rows the store keeps (0 = all); llmswap's addition
+
+
+@dataclass(frozen=True)
+class PerformanceConfig:
+    """`performance:`: sampling of CPU, memory and GPUs."""
+
+    disabled: bool = False
+    every: float = 5.0  # seconds between samples
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path | None = None
     models: Mapping[str, ModelConfig] = _no_entries()
@@ -313,6 +331,8 @@ class Config:
     allowed_hosts: tuple[HostPattern, ...] = ()
     selectors: Mapping[str, SelectorConfig] = _no_entries()
     profiles: Mapping[str, ProfileConfig] = _no_entries()
+    activity: ActivityConfig = field(default_factory=ActivityConfig)
+    performance: PerformanceConfig = field(default_factory=PerformanceConfig)
     warnings: tuple[str, ...] = ()  # unknown keys and silent adjustments, each naming file:line
 
     def real_model_name(self, name: str) -> str | None:

@@ -24,18 +24,11 @@ from llmswap.demo.media_api import image_edits, image_generations, speech, trans
 from llmswap.demo.received import Received, received
 from llmswap.demo.replies import BadRequest, EventStream
 from llmswap.demo.text import DEFAULT_EMBEDDING_DIMENSIONS, count_tokens, embedding, relevance_scores, text_of
+from llmswap.demo.usage import Stopwatch, usage
 
 Handler = Callable[[Demo, web.Request], Awaitable[web.StreamResponse]]
 
 _MAX_EMBEDDING_DIMENSIONS = 4096
-
-
-def usage(prompt: str, tokens: list[str]) -> dict[str, int]:
-    return {
-        "prompt_tokens": count_tokens(prompt),
-        "completion_tokens": len(tokens),
-        "total_tokens": count_tokens(prompt) + len(tokens),
-    }
 
 
 def finish_reason(limit: TokenLimit) -> str:
@@ -49,6 +42,7 @@ async def list_models(demo: Demo, request: web.Request) -> web.StreamResponse:
 
 
 async def chat_completions(demo: Demo, request: web.Request) -> web.StreamResponse:
+    clock = Stopwatch()
     got = await received(request)
     body = json_object(got)
     messages = body.get("messages")
@@ -64,6 +58,7 @@ async def chat_completions(demo: Demo, request: web.Request) -> web.StreamRespon
         "system_fingerprint": "llmswap-demo",
     }
     if not is_streaming(body):
+        clock.generating()
         text = await demo.generate_all(tokens)
         choice = {
             "index": 0,
@@ -71,9 +66,8 @@ async def chat_completions(demo: Demo, request: web.Request) -> web.StreamRespon
             "logprobs": None,
             "finish_reason": finish_reason(limit),
         }
-        return demo.reply(
-            got, {"object": "chat.completion", **header, "choices": [choice], "usage": usage(prompt, tokens)}
-        )
+        whole = {"object": "chat.completion", **header, "choices": [choice], "usage": usage(prompt, tokens)}
+        return demo.reply(got, {**whole, "timings": clock.timings(prompt, tokens)})
 
     def chunk(delta: dict[str, str], finish: str | None = None) -> dict[str, object]:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -81,10 +75,11 @@ async def chat_completions(demo: Demo, request: web.Request) -> web.StreamRespon
 
     stream = await EventStream.open(request)
     await stream.send(demo.with_echo(got, chunk({"role": "assistant", "content": ""})))
+    clock.generating()
     async with aclosing(demo.generate(tokens)) as generation:
         async for token in generation:
             await stream.send(chunk({"content": token}))
-    await stream.send(chunk({}, finish_reason(limit)))
+    await stream.send({**chunk({}, finish_reason(limit)), "timings": clock.timings(prompt, tokens)})
     if _include_usage(body):
         await stream.send(
             {"object": "chat.completion.chunk", **header, "choices": [], "usage": usage(prompt, tokens)}
@@ -111,6 +106,7 @@ def _completion_prompt(got: Received, body: Mapping[str, object]) -> str:
 
 
 async def completions(demo: Demo, request: web.Request) -> web.StreamResponse:
+    clock = Stopwatch()
     got = await received(request)
     body = json_object(got)
     prompt = _completion_prompt(got, body)
@@ -124,9 +120,11 @@ async def completions(demo: Demo, request: web.Request) -> web.StreamResponse:
         "system_fingerprint": "llmswap-demo",
     }
     if not is_streaming(body):
+        clock.generating()
         text = await demo.generate_all(tokens)
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(limit)}
-        return demo.reply(got, {**header, "choices": [choice], "usage": usage(prompt, tokens)})
+        whole = {**header, "choices": [choice], "usage": usage(prompt, tokens)}
+        return demo.reply(got, {**whole, "timings": clock.timings(prompt, tokens)})
 
     def chunk(text: str, finish: str | None = None) -> dict[str, object]:
         return {**header, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
@@ -140,10 +138,12 @@ async def completions(demo: Demo, request: web.Request) -> web.StreamResponse:
         await stream.send(demo.with_echo(got, event) if echo_pending else event)
         echo_pending = False
 
+    clock.generating()
     async with aclosing(demo.generate(tokens)) as generation:
         async for token in generation:
             await send(token)
-    await send("", finish_reason(limit))
+    final = {**chunk("", finish_reason(limit)), "timings": clock.timings(prompt, tokens)}
+    await stream.send(demo.with_echo(got, final) if echo_pending else final)
     if _include_usage(body):
         await stream.send({**header, "choices": [], "usage": usage(prompt, tokens)})
     await stream.send("[DONE]")

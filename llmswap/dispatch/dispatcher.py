@@ -22,6 +22,8 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
+from llmswap.activity.recorder import ActivityRecorder
+from llmswap.activity.recording import Recording, RequestFacts
 from llmswap.config.model import ModelConfig
 from llmswap.dispatch.filters import apply_plan, local_plan
 from llmswap.dispatch.pool import UpstreamPool, send
@@ -90,6 +92,8 @@ class Dispatcher:
         self._router_of = router_of
         self._clock = clock
         self._observers: list[DispatchObserver] = []
+        # Where task and batch requests are recorded (the server's activity recorder), once it is set.
+        self.recorder: ActivityRecorder | None = None
 
     def add_observer(self, observer: DispatchObserver) -> None:
         """Receive every completed `DispatchRecord` (on the event loop; must not block)."""
@@ -150,10 +154,37 @@ class Dispatcher:
 
         Raises the router's `SchedulerError`, or `UpstreamUnreachable` when the model does not answer.
         """
+        recording = None if self.recorder is None else self.recorder.begin(
+            RequestFacts(model=model, req_path=path, requested_model=requested, origin=origin))
+        try:
+            answer = await self._post_json(model, path, body, requested, origin, priority, recording)
+        except BaseException as exc:
+            if recording is not None:  # refused by the router, unreachable, or cancelled
+                status = 502 if isinstance(exc, UpstreamUnreachable) else getattr(exc, "status", 500)
+                recording.finish(status, error=str(exc) or type(exc).__name__)
+            raise
+        if recording is not None:
+            recording.finish()
+        return answer
+
+    async def _post_json(
+        self,
+        model: str,
+        path: str,
+        body: Mapping[str, Any],
+        requested: str,
+        origin: Origin,
+        priority: int,
+        recording: Recording | None,
+    ) -> UpstreamAnswer:
         async with self.lease(model, origin=origin, priority=priority) as lease:
+            if recording is not None:
+                recording.waited(lease.waited)
             filtered, _ = apply_plan(body, local_plan(lease.config, requested))
             url = URL(lease.config.proxy.rstrip("/") + path)
             data = json.dumps(filtered, ensure_ascii=False, separators=(",", ":")).encode()
+            if recording is not None and recording.wants_request_body:
+                recording.request_body(data)
             limit = lease.response_header_timeout
             headers = CIMultiDict({"Content-Type": "application/json"})
             try:
@@ -166,6 +197,10 @@ class Dispatcher:
                 raise UpstreamUnreachable(f"{model} could not be reached: {exc}") from exc
             try:
                 async with response:
-                    return UpstreamAnswer(response.status, await response.text())
+                    raw = await response.read()
             except (aiohttp.ClientError, OSError) as exc:
                 raise UpstreamUnreachable(f"{model} broke off its answer: {exc}") from exc
+            if recording is not None:
+                recording.response_headers(response.status, response.headers)
+                recording.chunk(raw)
+            return UpstreamAnswer(response.status, raw.decode("utf-8", errors="replace"))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from llmswap.gpu.reader import DeviceMemory, process_tree
+from llmswap.gpu.reader import DeviceMemory, GpuReading, process_tree
 from llmswap.gpu.units import GiB
 
 # psutil derives a process's start time from the boot time, which it rounds: allow this much skew when
@@ -41,6 +41,7 @@ class FakeReader:
         self._names = {i: (names[i] if names else f"Fake GPU {i}") for i in self._totals}
         self._extra: dict[int, int] = {}
         self._pids: dict[int, dict[int, int]] = {}
+        self._gauges: dict[int, dict[str, float]] = {}
         self.gpu_dir = Path(gpu_dir) if gpu_dir is not None else None
 
     def set_total(self, device: int, total: int) -> None:
@@ -101,6 +102,23 @@ class FakeReader:
                 )
                 for index, total in sorted(self._totals.items())
             ]
+
+    def set_gauges(self, device: int, **gauges: float) -> None:
+        """What `readings` reports for `device`: util_pct, temp_c, fan_pct, power_w."""
+        with self._lock:
+            self._gauges[device] = dict(gauges)
+
+    def readings(self) -> list[GpuReading]:
+        with self._lock:
+            gauges = {index: dict(values) for index, values in self._gauges.items()}
+        return [
+            GpuReading(d.index, d.name, f"GPU-fake-{d.index}", memory_used=d.used, memory_total=d.total,
+                       **gauges.get(d.index, {}))
+            for d in self.devices()
+        ]
+
+    def driver_version(self) -> str | None:
+        return "fake"
 
     def process_usage(self, pid: int) -> dict[int, int]:
         if not self.per_process:

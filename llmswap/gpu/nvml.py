@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmswap.gpu.reader import DeviceMemory, process_tree
+from llmswap.gpu.reader import DeviceMemory, GpuReading, process_tree
 
 
 class NvmlReader:
@@ -63,6 +63,39 @@ class NvmlReader:
             if per_pid:
                 usage[index] = sum(per_pid.values())
         return usage
+
+    def readings(self) -> list[GpuReading]:
+        """Memory, utilisation, temperature, fan and power of each GPU (a gauge the board lacks is None)."""
+        nvml = self._nvml
+        result = []
+        for device in self.devices():
+            handle = self._handles[device.index]
+            util = self._optional(lambda h=handle: nvml.nvmlDeviceGetUtilizationRates(h).gpu)
+            temp = self._optional(
+                lambda h=handle: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU))
+            fan = self._optional(lambda h=handle: nvml.nvmlDeviceGetFanSpeed(h))
+            power_mw = self._optional(lambda h=handle: nvml.nvmlDeviceGetPowerUsage(h))
+            uuid = self._optional(lambda h=handle: nvml.nvmlDeviceGetUUID(h))
+            result.append(GpuReading(
+                device.index, device.name, uuid.decode() if isinstance(uuid, bytes) else str(uuid or ""),
+                memory_used=device.used, memory_total=device.total,
+                util_pct=None if util is None else float(util), temp_c=None if temp is None else float(temp),
+                fan_pct=None if fan is None else float(fan),
+                power_w=None if power_mw is None else float(power_mw) / 1000,
+            ))
+        return result
+
+    def driver_version(self) -> str | None:
+        version = self._optional(self._nvml.nvmlSystemGetDriverVersion)
+        return version.decode() if isinstance(version, bytes) else version
+
+    def _optional(self, read: Any) -> Any:
+        # Boards differ in which gauges they have (no fan on passively cooled ones, no power on some
+        # laptops): a gauge that errors is just absent.
+        try:
+            return read()
+        except Exception:
+            return None
 
     def close(self) -> None:
         if self._open:

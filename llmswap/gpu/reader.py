@@ -9,7 +9,7 @@ gives CUDA programs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import psutil
 
@@ -23,6 +23,31 @@ class DeviceMemory:
     total: int
     used: int
     free: int
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU's gauges at the moment of reading (None: the device or driver does not report it)."""
+
+    index: int
+    name: str
+    uuid: str
+    memory_used: int  # bytes
+    memory_total: int
+    util_pct: float | None = None
+    temp_c: float | None = None
+    fan_pct: float | None = None
+    power_w: float | None = None
+
+
+@runtime_checkable
+class GpuGauges(Protocol):
+    """Readers of real (or fake) GPUs also give their gauges: NVML and the fake reader do; host RAM does
+    not. Check with `isinstance(reader, GpuGauges)`."""
+
+    def readings(self) -> list[GpuReading]: ...
+
+    def driver_version(self) -> str | None: ...
 
 
 class MemoryReader(Protocol):

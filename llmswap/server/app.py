@@ -10,6 +10,7 @@ from aiohttp import web
 from llmswap.router.base import BaseRouter
 from llmswap.server import batch_http
 from llmswap.server import tasks_http as task_http
+from llmswap.server.activity_api import recorder_of
 from llmswap.server.proxy import dispatcher
 from llmswap.server.state import STATE, ServerState
 from llmswap.server.tasks_http import TASKS_KEY, task_service
@@ -20,14 +21,18 @@ log = logging.getLogger("llmswap.tasks")
 
 def create_app(server_state: ServerState) -> web.Application:
     from llmswap.server import (
+        activity_api,
+        activity_metrics,
         admin,
         auth,
+        cancel,
         events,
         guard,
         inference,
         logs,
         metrics,
         middleware,
+        performance_api,
         profiles,
         realtime,
         ui,
@@ -52,6 +57,12 @@ def create_app(server_state: ServerState) -> web.Application:
     metrics.setup(app)
     events.setup(app)
     profiles.setup(app)
+    activity_api.setup(app)
+    activity_api.publish_to(server_state)
+    dispatcher(server_state).recorder = recorder_of(server_state)  # tasks and batch requests are recorded
+    activity_metrics.setup(server_state)
+    cancel.setup(app)
+    performance_api.setup(app)
     ui.setup(app)
     app.on_startup.append(_start_tasks)
     app.on_cleanup.append(_stop_tasks)

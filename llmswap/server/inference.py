@@ -16,12 +16,15 @@ from urllib.parse import urlencode
 
 from aiohttp import hdrs, web
 
+from llmswap.activity.recording import Recording
 from llmswap.config.model import Config, ModelConfig, PeerConfig
 from llmswap.dispatch.filters import FilterPlan, apply_plan, local_plan, plan_for
 from llmswap.process.state import ProcessState
 from llmswap.router import BaseRouter
 from llmswap.scheduler.errors import Preempted, SchedulerError
 from llmswap.server import guardrails, middleware
+from llmswap.server.activity_api import begin_http, recorded
+from llmswap.server.cancel import cancellable
 from llmswap.server.errors import error_response, scheduler_error_response
 from llmswap.server.inflight import tracker_of
 from llmswap.server.loading import LoadingFeedback, StreamDialect, dialect_for
@@ -224,13 +227,20 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
         real = config.real_model_name(found.model)
         if real is not None:
             middleware.note_model(request, real)
+            recording = begin_http(request, model=real, requested=asked_for, req_path=route.upstream_path)
             with tracker_of(server).track(request, real):
-                return await _serve_local(request, server, router, config.models[real], incoming)
+                work = _serve_local(request, server, router, config.models[real], incoming, recording)
+                return await recorded(recording, cancellable(request, work, incoming.dialect.error,
+                                                             recording.fail))
         peer = resolve_peer(config, found.model)
         if peer is not None:
             middleware.note_model(request, found.model)
+            recording = begin_http(request, model=found.model, requested=asked_for,
+                                   req_path=route.upstream_path)
             with tracker_of(server).track(request, found.model):
-                return await _serve_peer(request, peer[0], peer[1], incoming)
+                work = _serve_peer(request, peer[0], peer[1], incoming, recording)
+                return await recorded(recording, cancellable(request, work, incoming.dialect.error,
+                                                             recording.fail))
     except ConnectionResetError:
         return _client_left()
     finally:
@@ -250,18 +260,25 @@ def selector_book(server: ServerState, config: Config) -> SelectorBook:
 
 
 async def _serve_local(
-    request: web.Request, server: ServerState, router: BaseRouter, model: ModelConfig, incoming: Incoming
+    request: web.Request, server: ServerState, router: BaseRouter, model: ModelConfig, incoming: Incoming,
+    recording: Recording,
 ) -> web.StreamResponse:
     found = incoming.found
     body = outgoing_body(incoming.raw, found, local_plan(model, found.model))
     feedback: LoadingFeedback | None = None
     position = 0
+    load = 0.0  # seconds of its wait its model spent loading (the router says, once granted)
 
     def on_position(new_position: int) -> None:
         nonlocal position
         position = new_position
         if feedback is not None:
             feedback.set_position(new_position)
+
+    def on_granted(seconds: float) -> None:
+        nonlocal load
+        load = seconds
+        middleware.note_load(request, seconds)
 
     def on_admitted(model_state: ProcessState) -> None:
         nonlocal feedback
@@ -283,9 +300,10 @@ async def _serve_local(
             api_key=key.key if key is not None else None,
             on_admitted=on_admitted,
             on_position=on_position,
-            on_granted=lambda load: middleware.note_load(request, load),
+            on_granted=on_granted,
         ) as lease:
             middleware.note_wait(request, lease.waited)
+            recording.waited(max(0.0, lease.waited - load), load or None)
             loading_response = await feedback.finish() if feedback is not None else None
             await guardrails.learn_reported_context(request.app, lease.config, lease.session)
             return await forward(
@@ -299,8 +317,10 @@ async def _serve_local(
                 response_header_timeout=lease.response_header_timeout,
                 sse_error=incoming.dialect.error,
                 watchdog=Watchdog.of(f"models.{lease.config.id}.timeouts", lease.config.timeouts),
+                recording=recording,
             )
     except SchedulerError as err:
+        recording.fail(err.status, err.message)
         if feedback is not None:
             return await feedback.fail(err.status, err.message)
         if isinstance(err, Preempted) and middleware.answering(request):
@@ -316,7 +336,7 @@ async def _serve_local(
 
 
 async def _serve_peer(
-    request: web.Request, peer: PeerConfig, bare_model: str, incoming: Incoming
+    request: web.Request, peer: PeerConfig, bare_model: str, incoming: Incoming, recording: Recording
 ) -> web.StreamResponse:
     found = incoming.found
     plan = plan_for(peer.filters, found.model, model=bare_model)
@@ -327,6 +347,7 @@ async def _serve_peer(
         body=outgoing_body(incoming.raw, found, plan),
         query=query_with_model(request, bare_model) if found.source == "query" else None,
         sse_error=incoming.dialect.error,
+        recording=recording,
     )
 
 

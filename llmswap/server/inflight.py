@@ -10,6 +10,7 @@ it ends; byte progress is read by whoever publishes, at its own pace (see `Event
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import time
@@ -20,21 +21,11 @@ from typing import Any
 
 from aiohttp import web
 
+from llmswap.activity.captures import redacted
 from llmswap.server.middleware import note_first_byte
 from llmswap.server.state import STATE, ServerState
 
 INFLIGHT_KEY = "inflight"  # ServerState.extras key of the app's InflightTracker
-REDACTED = "[REDACTED]"
-SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key"})
-
-
-def redacted(headers: Mapping[str, str]) -> dict[str, str]:
-    """The first value of each header, credentials replaced by `[REDACTED]`."""
-    shown: dict[str, str] = {}
-    for name, value in headers.items():
-        if name not in shown:
-            shown[name] = REDACTED if name.lower() in SECRET_HEADERS else value
-    return shown
 
 
 def remote_ip(request: web.BaseRequest) -> str:
@@ -56,6 +47,10 @@ class InflightEntry:
     remote_ip: str
     response_headers: Mapping[str, str] | None = None
     resp_bytes: int = 0
+    # For `cancel`: the task serving the request, the response once it went out, and whether it was cancelled.
+    task: asyncio.Task[Any] | None = None
+    response: web.StreamResponse | None = None
+    cancelled: bool = False
 
     def as_dict(self, now_monotonic: float) -> dict[str, Any]:
         stamp = datetime.fromtimestamp(self.started, UTC).isoformat().replace("+00:00", "Z")
@@ -97,7 +92,7 @@ class InflightTracker:
         entry = InflightEntry(
             id=str(next(self._ids)), started=self.wall_clock(), started_monotonic=self.monotonic(),
             model=model, req_path=request.path if path is None else path, method=request.method,
-            request_headers=request.headers, remote_ip=remote_ip(request),
+            request_headers=request.headers, remote_ip=remote_ip(request), task=asyncio.current_task(),
         )
         self._entries[entry.id] = entry
         request[ENTRY] = entry
@@ -109,10 +104,22 @@ class InflightTracker:
             request.pop(ENTRY, None)
             self._tell("remove", entry)
 
-    def responded(self, entry: InflightEntry, headers: Mapping[str, str]) -> None:
+    def responded(self, entry: InflightEntry, response: web.StreamResponse) -> None:
         if entry.id in self._entries and entry.response_headers is None:
-            entry.response_headers = headers
+            entry.response = response
+            entry.response_headers = response.headers
             self._tell("upsert", entry)
+
+    def cancel(self, entry_id: str) -> bool:
+        """End the request `entry_id`: its serving task is cancelled, and the code that serves it (see
+        `llmswap.server.cancel`) gives the client a clean end. False when no such request is in flight."""
+        entry = self._entries.get(entry_id)
+        if entry is None or entry.task is None or entry.task.done():
+            return False
+        if not entry.cancelled:
+            entry.cancelled = True
+            entry.task.cancel()
+        return True
 
 
 def tracker_of(server_state: ServerState) -> InflightTracker:
@@ -131,7 +138,7 @@ def note_relayed(request: web.BaseRequest, size: int) -> None:
 async def _on_prepare(request: web.BaseRequest, response: web.StreamResponse) -> None:
     entry = request.get(ENTRY)
     if entry is not None:
-        tracker_of(request.app[STATE]).responded(entry, response.headers)
+        tracker_of(request.app[STATE]).responded(entry, response)
 
 
 def setup(app: web.Application) -> None:

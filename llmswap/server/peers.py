@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from yarl import URL
 
+from llmswap.activity.recording import Recording
 from llmswap.config.model import Config, PeerConfig
 from llmswap.server.proxy import Body, SseErrorFormatter, forward, openai_sse_error, upstream_pool
 from llmswap.server.state import state
@@ -89,6 +90,7 @@ async def forward_to_peer(
     body: Body | None,
     query: str | None = None,
     sse_error: SseErrorFormatter = openai_sse_error,
+    recording: Recording | None = None,
 ) -> web.StreamResponse:
     """Send the (already rewritten) request to `peer`; transport failures → 502 `peer proxy error: ...`."""
     server = state(request)
@@ -107,4 +109,5 @@ async def forward_to_peer(
         error_prefix="peer proxy error",
         sse_error=sse_error,
         watchdog=Watchdog.of(f"peers.{peer.id}.timeouts", peer.timeouts),
+        recording=recording,
     )

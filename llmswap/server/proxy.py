@@ -19,6 +19,7 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 from yarl import URL
 
+from llmswap.activity.recording import Recording
 from llmswap.dispatch import Dispatcher, UpstreamPool
 from llmswap.dispatch.pool import Body, SplicedBody, send
 from llmswap.server.errors import error_body, error_response
@@ -170,6 +171,7 @@ async def forward(
     error_prefix: str = "upstream proxy error",
     sse_error: SseErrorFormatter = openai_sse_error,
     watchdog: Watchdog | None = None,
+    recording: Recording | None = None,
 ) -> web.StreamResponse:
     """Send `request` to `base_url` + `path` and relay the answer as it arrives.
 
@@ -184,12 +186,15 @@ async def forward(
     `response` is a response already sent to the client (a loading stream's 200): the upstream's body is
     written into it; its status and headers are lost, and an upstream error becomes an `sse_error` event.
     `watchdog` bounds the whole answer and the gaps between its bytes (`llmswap.server.watchdog`): 504.
+    `recording` (activity) is told the body sent, the upstream's status and headers, each chunk relayed.
     """
     headers = outgoing_headers(request, extra_headers, drop_headers)
     if body is None:
         body = await request.read() if request.body_exists else None
     if isinstance(body, SplicedBody):
         headers[hdrs.CONTENT_LENGTH] = str(body.size)
+    if recording is not None and recording.wants_request_body and body is not None:
+        recording.request_body(b"".join(body.parts) if isinstance(body, SplicedBody) else body)
     url = upstream_url(base_url, path, request.rel_url.raw_query_string if query is None else query)
     try:
         sending = send(session, request.method, url, headers, body, response_header_timeout)
@@ -207,15 +212,19 @@ async def forward(
             why = describe(exc)
         log.warning("%s %s → %s: %s", request.method, request.path, url, why)
         message = f"{error_prefix}: {why}"
+        if recording is not None:
+            recording.fail(502, message)
         if response is not None and response.prepared:
             await _write_quietly(response, sse_error(502, message))
             return response
         return error_response(request, 502, message)
     completed = False
+    if recording is not None:
+        recording.response_headers(upstream.status, upstream.headers)
     try:
         if response is not None and response.prepared:
             if upstream.status >= 400:
-                await _relay_error_into_stream(response, upstream, sse_error)
+                await _relay_error_into_stream(response, upstream, sse_error, recording)
                 completed = True
                 return response
         else:
@@ -225,7 +234,8 @@ async def forward(
                 response.headers["X-Accel-Buffering"] = "no"
             await response.prepare(request)
             note_answering(request)
-        completed = await _relay_body(request, response, upstream, error_prefix, sse_error, watchdog)
+        completed = await _relay_body(request, response, upstream, error_prefix, sse_error, watchdog,
+                                      recording)
         return response
     except ConnectionResetError:
         # The client left while the answer streamed: closing the upstream request below is what stops the
@@ -245,7 +255,8 @@ async def _relay_body(
     upstream: aiohttp.ClientResponse,
     error_prefix: str,
     sse_error: SseErrorFormatter,
-    watchdog: Watchdog | None = None,
+    watchdog: Watchdog | None,
+    recording: Recording | None,
 ) -> bool:
     """Copy the upstream body to the client as it arrives; True when it arrived whole."""
     while True:
@@ -256,13 +267,17 @@ async def _relay_body(
             await _upstream_broke(request, response, exc.message, sse_error, status=504)
             return False
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            await _upstream_broke(request, response, f"{error_prefix}: the upstream broke off its answer "
-                                  f"({describe(exc)})", sse_error)
+            message = f"{error_prefix}: the upstream broke off its answer ({describe(exc)})"
+            if recording is not None:
+                recording.fail(502, message)
+            await _upstream_broke(request, response, message, sse_error)
             return False
         if not chunk:
             break
         await response.write(chunk)
         note_relayed(request, len(chunk))
+        if recording is not None:
+            recording.chunk(chunk)
     await response.write_eof()
     return True
 
@@ -285,9 +300,12 @@ async def _upstream_broke(
 
 
 async def _relay_error_into_stream(
-    response: web.StreamResponse, upstream: aiohttp.ClientResponse, sse_error: SseErrorFormatter
+    response: web.StreamResponse, upstream: aiohttp.ClientResponse, sse_error: SseErrorFormatter,
+    recording: Recording | None,
 ) -> None:
     raw = await upstream.content.read(_ERROR_BODY_LIMIT)
+    if recording is not None:
+        recording.chunk(raw)
     text = raw.decode("utf-8", errors="replace").strip()
     answered = f"the upstream answered {upstream.status} {upstream.reason or ''}".strip()
     message = _error_message(text) or answered

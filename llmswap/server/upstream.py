@@ -23,10 +23,13 @@ from urllib.parse import quote, unquote
 
 from aiohttp import web
 
+from llmswap.activity.recording import Recording
 from llmswap.config.model import Config
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.server import proxy, websocket
+from llmswap.server.activity_api import begin_http, recorded
+from llmswap.server.cancel import cancellable
 from llmswap.server.errors import error_response, scheduler_error_response
 from llmswap.server.inference import ROUTES, BodyTooLarge, read_body, request_priority
 from llmswap.server.inflight import tracker_of
@@ -138,12 +141,19 @@ async def to_upstream(request: web.Request) -> web.StreamResponse:
     body = raw if request.body_exists else None
     name = target.model if target.peer is None else f"{target.peer}/{target.model}"
     note_model(request, name)
-    with _tracked(request, name, target.path):
+    with _tracked(request, name, target.path) as entry:
+        # A model route reached this way is recorded in activity too (POSTs, as llama-swap records them).
+        recording = None
+        if entry is not None and request.method == "POST":
+            recording = begin_http(request, model=name, requested=name, req_path=unquote(target.path))
         if target.peer is not None:
             peer = server.config.peers[target.peer]
             # The body goes as the client sent it: no model rewrite, no filters (unlike the inference routes).
-            return await forward_to_peer(request, peer, path=target.path, body=body)
-        return await _to_model(request, target.model, target.path, body, priority)
+            work = forward_to_peer(request, peer, path=target.path, body=body, recording=recording)
+        else:
+            work = _to_model(request, target.model, target.path, body, priority, recording)
+        work = cancellable(request, work, on_cancel=recording.fail if recording is not None else None)
+        return await (recorded(recording, work) if recording is not None else work)
 
 
 def _tracked(request: web.Request, model: str, raw_path: str) -> contextlib.AbstractContextManager[object]:
@@ -216,7 +226,8 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str)
 
 
 async def _to_model(
-    request: web.Request, model_id: str, path: str, body: bytearray | None, priority: int
+    request: web.Request, model_id: str, path: str, body: bytearray | None, priority: int,
+    recording: Recording | None = None,
 ) -> web.StreamResponse:
     server = state(request)
     key = request_api_key(request)
@@ -229,8 +240,11 @@ async def _to_model(
             lease = await proxy.while_connected(request, waiting, on_gone=lambda: None)
             if lease is None:
                 return web.Response(status=CLIENT_GONE)
+            if recording is not None:
+                recording.waited(lease.waited)
             return await proxy.forward(
                 request, base_url=lease.config.proxy, path=path, session=lease.session, body=body,
+                recording=recording,
             )
     except SchedulerError as err:
         return scheduler_error_response(request, err)

@@ -315,3 +315,27 @@ async def test_responses_api_answers_whole_and_streamed(
     deltas = "".join(data["delta"] for data in datas if data["type"] == "response.output_text.delta")
     assert deltas == text
     assert datas[-1]["response"]["output"][0]["content"][0]["text"] == text
+
+
+async def test_chat_reports_llamacpp_timings_whole_and_streamed(
+    demo: DemoProcess, http: aiohttp.ClientSession
+) -> None:
+    whole = await post_json(http, f"{demo.url}/v1/chat/completions", {**CHAT, "max_tokens": 4})
+    timings = whole["timings"]
+    assert timings["prompt_n"] == whole["usage"]["prompt_tokens"]
+    assert timings["predicted_n"] == whole["usage"]["completion_tokens"] == 4
+    assert timings["predicted_ms"] >= 0 and timings["prompt_per_second"] >= 0
+
+    streamed = {**CHAT, "max_tokens": 3, "stream": True}
+    text = await post_stream(http, f"{demo.url}/v1/chat/completions", streamed)
+    events = [event for event in parse_events(text) if event.data != "[DONE]"]
+    last_with_finish = [event.json() for event in events if event.json()["choices"]
+                        and event.json()["choices"][0]["finish_reason"]]
+    assert last_with_finish[-1]["timings"]["predicted_n"] == 3
+
+
+async def test_completion_stream_ends_with_timings(demo: DemoProcess, http: aiohttp.ClientSession) -> None:
+    body = {"prompt": "once", "max_tokens": 2, "stream": True}
+    text = await post_stream(http, f"{demo.url}/completion", body)
+    events = [event.json() for event in parse_events(text) if event.data != "[DONE]"]
+    assert events[-1]["timings"]["predicted_n"] == 2

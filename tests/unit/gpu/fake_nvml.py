@@ -22,10 +22,16 @@ class FakeGpu:
     compute: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, usedGpuMemory)
     graphics: list[tuple[int, int | None]] = field(default_factory=list)
     graphics_supported: bool = True
+    util: int = 0
+    temperature: int = 40
+    fan: int | None = None  # None: the board has no fan gauge (NVML says "Not Supported")
+    power_mw: int = 100_000
+    uuid: str | bytes = "GPU-00000000"
 
 
 class FakeNvml:
     NVMLError = NVMLError
+    NVML_TEMPERATURE_GPU = 0
 
     def __init__(self, gpus: list[FakeGpu], *, init_error: str | None = None) -> None:
         self.gpus = gpus
@@ -70,6 +76,32 @@ class FakeNvml:
         if not handle.graphics_supported:
             raise NVMLError("Not Supported")
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in handle.graphics]
+
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu) -> SimpleNamespace:
+        self._require_init()
+        return SimpleNamespace(gpu=handle.util, memory=0)
+
+    def nvmlDeviceGetTemperature(self, handle: FakeGpu, sensor: int) -> int:
+        self._require_init()
+        return handle.temperature
+
+    def nvmlDeviceGetFanSpeed(self, handle: FakeGpu) -> int:
+        self._require_init()
+        if handle.fan is None:
+            raise NVMLError("Not Supported")
+        return handle.fan
+
+    def nvmlDeviceGetPowerUsage(self, handle: FakeGpu) -> int:
+        self._require_init()
+        return handle.power_mw
+
+    def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str | bytes:
+        self._require_init()
+        return handle.uuid
+
+    def nvmlSystemGetDriverVersion(self) -> bytes:
+        self._require_init()
+        return b"550.54"
 
     def _require_init(self) -> None:
         if not self.initialised:

@@ -88,3 +88,16 @@ def test_fake_gpu_dir_that_does_not_exist_yet_reads_as_empty(tmp_path: Path) -> 
     reader = FakeReader([8 * GiB], gpu_dir=tmp_path / "later")
     assert reader.devices()[0].used == 0
     assert reader.process_usage(os.getpid()) == {}
+
+
+def test_fake_reader_reports_the_gauges_it_was_given() -> None:
+    from llmswap.gpu.fake import FakeReader
+    from llmswap.gpu.units import GiB
+
+    reader = FakeReader((8 * GiB, 4 * GiB))
+    reader.set_extra_used(0, GiB)
+    reader.set_gauges(0, util_pct=50.0, temp_c=70.0, power_w=120.0)
+    first, second = reader.readings()
+    assert (first.memory_used, first.util_pct, first.temp_c, first.power_w, first.fan_pct) == (
+        GiB, 50.0, 70.0, 120.0, None)
+    assert second.uuid == "GPU-fake-1" and second.util_pct is None

@@ -136,3 +136,19 @@ def test_open_reader_with_the_real_pynvml_gives_a_working_reader() -> None:
         assert devices and all(d.total > 0 and 0 <= d.free <= d.total for d in devices)
     finally:
         reader.close()
+
+
+def test_nvml_gauges_read_each_gpu_and_leave_out_what_the_board_lacks() -> None:
+    from llmswap.gpu.reader import GpuGauges, GpuReading
+
+    gpus = [FakeGpu("RTX A", 24 * GiB, used=2 * GiB, util=37, temperature=61, fan=44, power_mw=212_500,
+                    uuid=b"GPU-aaaa"),
+            FakeGpu("RTX B", 8 * GiB, util=0, fan=None)]
+    reader = NvmlReader(FakeNvml(gpus))
+    assert isinstance(reader, GpuGauges)
+    first, second = reader.readings()
+    assert first == GpuReading(0, "RTX A", "GPU-aaaa", memory_used=2 * GiB, memory_total=24 * GiB,
+                               util_pct=37.0, temp_c=61.0, fan_pct=44.0, power_w=212.5)
+    assert second.fan_pct is None and second.util_pct == 0.0
+    assert reader.driver_version() == "550.54"
+    assert not isinstance(HostReader(), GpuGauges)

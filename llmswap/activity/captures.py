@@ -1,0 +1,169 @@
+"""Request and response captures of recent requests, compressed, in a ring bounded by bytes.
+
+A capture holds the headers (credentials redacted) and bodies one request sent upstream and got back,
+keyed by its activity id. The ring keeps the newest captures whose compressed sizes fit `captureBuffer`
+MiB; adding one evicts the oldest until it fits, and one larger than the whole budget is not kept.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MIB = 1024 * 1024
+REDACTED = "[REDACTED]"
+SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key"})
+# Fast, as this runs on the event loop as each request ends: level 1 with a 4 KiB window and a small
+# match table costs a few microseconds for a typical chat, where zlib's defaults cost ten times more
+# (mostly setting up their larger tables).
+_COMPRESSION_LEVEL = 1
+_WINDOW_BITS = 12
+_MEMORY_LEVEL = 4
+
+# What each route keeps (request headers, request body, response headers, response body): media bodies are
+# large and of little use when reading activity, as llama-swap decides too.
+_ALL = (True, True, True, True)
+_PARTS: dict[str, tuple[bool, bool, bool, bool]] = {
+    "/v1/audio/speech": (True, True, True, False),
+    "/v1/audio/voices": (True, False, True, True),
+    "/v1/audio/transcriptions": (True, False, True, True),
+    "/v1/images/generations": (True, True, True, False),
+    "/sdapi/v1/txt2img": (True, True, True, False),
+    "/v1/images/edits": (True, False, True, False),
+    "/sdapi/v1/img2img": (True, False, True, False),
+}
+
+
+def parts_for(path: str) -> tuple[bool, bool, bool, bool]:
+    return _PARTS.get(path, _ALL)
+
+
+def redacted(headers: Mapping[str, str]) -> dict[str, str]:
+    """The first value of each header, credentials replaced by `[REDACTED]`."""
+    shown: dict[str, str] = {}
+    for name, value in headers.items():
+        if name not in shown:
+            shown[name] = REDACTED if name.lower() in SECRET_HEADERS else value
+    return shown
+
+
+@dataclass(frozen=True)
+class Capture:
+    id: int
+    req_path: str
+    req_headers: dict[str, str] | None
+    req_body: bytes | None
+    resp_headers: dict[str, str] | None
+    resp_body: bytes | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """llama-swap's shape: bodies as base64 strings (as Go encodes byte slices)."""
+        return {
+            "id": self.id, "req_path": self.req_path, "req_headers": self.req_headers,
+            "req_body": _b64(self.req_body), "resp_headers": self.resp_headers,
+            "resp_body": _b64(self.resp_body),
+        }
+
+    def compress(self) -> bytes:
+        """Raw deflate of: 4-byte length, JSON of all but the bodies, then the bodies as they are."""
+        meta = {"id": self.id, "req_path": self.req_path, "req_headers": self.req_headers,
+                "resp_headers": self.resp_headers,
+                "req_len": None if self.req_body is None else len(self.req_body),
+                "resp_len": None if self.resp_body is None else len(self.resp_body)}
+        head = json.dumps(meta, separators=(",", ":")).encode()
+        packer = zlib.compressobj(_COMPRESSION_LEVEL, zlib.DEFLATED, -_WINDOW_BITS, _MEMORY_LEVEL)
+        parts = [packer.compress(len(head).to_bytes(4, "little")), packer.compress(head)]
+        parts += [packer.compress(body) for body in (self.req_body, self.resp_body) if body]
+        parts.append(packer.flush())
+        return b"".join(parts)
+
+    @staticmethod
+    def decompress(blob: bytes) -> Capture:
+        raw = zlib.decompress(blob, -zlib.MAX_WBITS)
+        size = int.from_bytes(raw[:4], "little")
+        meta = json.loads(raw[4 : 4 + size])
+        position = 4 + size
+        bodies: list[bytes | None] = []
+        for length in (meta["req_len"], meta["resp_len"]):
+            bodies.append(None if length is None else raw[position : position + length])
+            position += length or 0
+        return Capture(id=int(meta["id"]), req_path=str(meta["req_path"]), req_headers=meta["req_headers"],
+                       req_body=bodies[0], resp_headers=meta["resp_headers"], resp_body=bodies[1])
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode()
+
+
+# A capture whose bodies and headers hold fewer bytes than this is kept as it is: compressing a few
+# hundred bytes saves little and costs the most per request (most chat requests are this small).
+SMALL_CAPTURE = 4096
+_ENTRY_OVERHEAD = 256  # what an uncompressed entry's objects cost beyond its bytes, roughly
+
+
+def raw_size(capture: Capture) -> int:
+    """Bytes a capture holds before compression (bodies, headers, a rough allowance for the objects)."""
+    headers = (capture.req_headers or {}, capture.resp_headers or {})
+    return (len(capture.req_body or b"") + len(capture.resp_body or b"") + _ENTRY_OVERHEAD
+            + sum(len(name) + len(value) for shown in headers for name, value in shown.items()))
+
+
+class CaptureRing:
+    """Captures by activity id, oldest first, within `budget` bytes (0 = captures off); all but small ones
+    compressed."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._blobs: OrderedDict[int, bytes | Capture] = OrderedDict()
+        self.size = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget > 0
+
+    def __contains__(self, activity_id: int) -> bool:
+        return activity_id in self._blobs
+
+    def __len__(self) -> int:
+        return len(self._blobs)
+
+    def add(self, capture: Capture) -> bool:
+        """Keep `capture`, evicting the oldest as needed; False when it is larger than the whole ring."""
+        if not self.enabled:
+            return False
+        raw = raw_size(capture)
+        if raw <= SMALL_CAPTURE:
+            return self._insert(capture.id, capture, raw)
+        return self.add_compressed(capture.id, capture.compress())
+
+    def add_compressed(self, activity_id: int, blob: bytes) -> bool:
+        """`add` for a capture compressed elsewhere (a large one, on a worker thread)."""
+        return self.enabled and self._insert(activity_id, blob, len(blob))
+
+    def _insert(self, activity_id: int, entry: bytes | Capture, size: int) -> bool:
+        if size > self.budget:
+            return False
+        old = self._blobs.pop(activity_id, None)
+        if old is not None:
+            self.size -= _size_of(old)
+        while self._blobs and self.size + size > self.budget:
+            _, evicted = self._blobs.popitem(last=False)
+            self.size -= _size_of(evicted)
+        self._blobs[activity_id] = entry
+        self.size += size
+        return True
+
+    def get(self, activity_id: int) -> Capture | None:
+        entry = self._blobs.get(activity_id)
+        if entry is None or isinstance(entry, Capture):
+            return entry
+        return Capture.decompress(entry)
+
+
+def _size_of(entry: bytes | Capture) -> int:
+    return raw_size(entry) if isinstance(entry, Capture) else len(entry)

@@ -1,0 +1,225 @@
+"""One request being recorded: what the request path tells it (`request_body`, `waited`,
+`response_headers`, `chunk`, `finish`), turned into an `ActivityRecord` and, when captures are on, a
+`Capture`.
+
+Nothing is buffered that the row does not need: an event stream is scanned as it passes (only its partial
+last line is held), a JSON answer is held up to `JSON_BODY_LIMIT` to be read at the end, and bodies are
+kept for a capture only while captures are on and within a bound of the ring's size.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from llmswap.activity.captures import Capture, parts_for, redacted
+from llmswap.activity.record import ActivityRecord, error_message
+from llmswap.activity.tokens import Reported, SseScanner, read_json_answer, token_stats
+
+JSON_BODY_LIMIT = 16 * 1024 * 1024  # a whole (non-stream) answer larger than this is not read for tokens
+# A stream is held for its capture up to this (or 4x the ring, if smaller: it compresses well, but many
+# streams at once must not each hold megabytes); a longer one's capture keeps no response body.
+STREAM_CAPTURE_LIMIT = 8 * 1024 * 1024
+_DECODABLE = ("gzip", "x-gzip", "deflate")
+
+
+@dataclass(frozen=True)
+class RequestFacts:
+    """What is known about a request when its recording begins."""
+
+    model: str  # the model that serves it (local id, or the name a peer is asked for)
+    req_path: str
+    requested_model: str = ""
+    origin: str = "http"
+    key_name: str = ""
+    method: str = "POST"
+    request_headers: Mapping[str, str] = field(default_factory=dict)
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+class StreamEnds:
+    """The first `HEAD` and the last `TAIL`-or-so bytes of an event stream, read for tokens at its end.
+
+    Where the counts are: the last events (OpenAI's usage chunk, llama.cpp's timings, the Responses API's
+    `response.completed`, Anthropic's `message_delta`) and the first one (Anthropic's `message_start`).
+    Holding the two ends costs one copy per chunk and nothing per line, however long the stream.
+    """
+
+    HEAD = 8 * 1024
+    TAIL = 32 * 1024
+
+    def __init__(self) -> None:
+        self._head = bytearray()
+        self._tail = bytearray()
+        self._trimmed = False
+
+    def feed(self, data: bytes) -> None:
+        if len(self._head) < self.HEAD:
+            self._head += data[: self.HEAD - len(self._head)]
+        self._tail += data
+        if len(self._tail) > 2 * self.TAIL:
+            del self._tail[: -self.TAIL]
+            self._trimmed = True
+
+    def reported(self) -> Reported:
+        scanner = SseScanner()
+        if not self._trimmed:
+            scanner.feed(bytes(self._tail))  # the whole stream
+            return scanner.finish()
+        head_end = self._head.rfind(b"\n")
+        scanner.feed(bytes(self._head[: head_end + 1]))
+        # The tail starts inside some line: from its first line break on.
+        scanner.feed(bytes(self._tail[self._tail.find(b"\n") + 1 :]))
+        return scanner.finish()
+
+
+class Recording:
+    """Made by `ActivityRecorder.begin`; `finish` once (later calls do nothing)."""
+
+    def __init__(self, facts: RequestFacts, *, next_id: Callable[[], int],
+                 done: Callable[[ActivityRecord, Capture | None], None], capture_limit: int) -> None:
+        self.facts = facts
+        self._next_id = next_id
+        self._done = done
+        self.started = time.time()
+        self._started = time.perf_counter()
+        self._capture_limit = capture_limit  # 0: no capture
+        parts = parts_for(facts.req_path)
+        self._keep_req_body = parts[1] and capture_limit > 0
+        self._keep_resp_body = parts[3] and capture_limit > 0
+        self._request_body: bytes | None = None
+        self._queue_ms: int | None = None
+        self._load_ms: int | None = None
+        self._ttfb_ms: int | None = None
+        self._status: int | None = None
+        self._content_type = ""
+        self._raw_response_headers: Mapping[str, str] | None = None
+        self._decoder: zlib._Decompress | None = None
+        self._decode_error = ""
+        self._stream: StreamEnds | None = None
+        self._body = bytearray()
+        self._body_overflow = False
+        self._finished = False
+        self._failure = ""
+
+    @property
+    def wants_request_body(self) -> bool:
+        """Whether `request_body` keeps what it is given (the caller may skip building it otherwise)."""
+        return self._keep_req_body
+
+    def request_body(self, body: bytes | bytearray) -> None:
+        """The body as sent upstream (after filters)."""
+        if self._keep_req_body and len(body) <= self._capture_limit:
+            self._request_body = bytes(body)
+
+    def waited(self, queue_seconds: float | None, load_seconds: float | None = None) -> None:
+        """Time spent behind other requests, and waiting for a model load this request caused or joined."""
+        self._queue_ms = None if queue_seconds is None else int(queue_seconds * 1000)
+        self._load_ms = None if load_seconds is None else int(load_seconds * 1000)
+
+    @property
+    def answered(self) -> bool:
+        """Whether the upstream's status (or a failure to get one, `fail`) is known."""
+        return self._status is not None
+
+    def fail(self, status: int, message: str) -> None:
+        """The upstream could not be reached or broke off: `status` and `message` are the row's."""
+        if self._status is None or self._status < 400:
+            self._status = status
+        self._failure = message
+
+    def response_headers(self, status: int, headers: Mapping[str, str]) -> None:
+        self._status = status
+        self._content_type = headers.get("Content-Type", headers.get("content-type", ""))
+        encoding = headers.get("Content-Encoding", headers.get("content-encoding", "")).strip().lower()
+        if encoding in _DECODABLE:
+            self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by its header
+        elif encoding and encoding != "identity":
+            self._decode_error = f"response content-encoding {encoding!r} is not read"
+        self._raw_response_headers = headers  # redacted only if a capture is kept
+        if "text/event-stream" in self._content_type.lower():
+            self._stream = StreamEnds()
+
+    def chunk(self, data: bytes) -> None:
+        """Bytes of the answer as they went to the client."""
+        if self._ttfb_ms is None:
+            self._ttfb_ms = int((time.perf_counter() - self._started) * 1000)
+        if self._decode_error:
+            return
+        if self._decoder is not None:
+            try:
+                data = self._decoder.decompress(data)
+            except zlib.error as exc:
+                self._decode_error = f"response decompression failed: {exc}"
+                return
+        if self._stream is not None:
+            self._stream.feed(data)
+            limit = min(self._capture_limit * 4, STREAM_CAPTURE_LIMIT) if self._keep_resp_body else 0
+        else:
+            limit = JSON_BODY_LIMIT
+        if self._body_overflow:
+            return
+        if len(self._body) + len(data) > limit:
+            self._body_overflow = True
+            self._body.clear()
+        else:
+            self._body += data
+
+    def finish(self, status: int | None = None, *, content_type: str | None = None, body: bytes | None = None,
+               error: str = "") -> ActivityRecord | None:
+        """End the recording. `status` defaults to the upstream's; `body`/`content_type` describe an answer
+        llmswap made itself (an error before or instead of the upstream's); `error` overrides the message."""
+        if self._finished:
+            return None
+        self._finished = True
+        wall_ms = int((time.perf_counter() - self._started) * 1000)
+        status = status if status is not None else (self._status or 0)
+        if body is not None:
+            self._body, self._body_overflow, self._stream = bytearray(body), False, None
+            self._content_type = content_type or self._content_type
+        whole = None if self._body_overflow else bytes(self._body)
+        reported = Reported()
+        message = error or self._failure
+        if status not in (200, 201):
+            message = message or error_message(status, whole)
+        elif self._decode_error:
+            message = message or self._decode_error
+        elif self._stream is not None:
+            reported = self._stream.reported()
+        elif whole:
+            reported = read_json_answer(whole, self.facts.req_path)
+        tokens, duration = token_stats(reported, wall_ms)
+        facts = self.facts
+        record = ActivityRecord(
+            id=self._next_id(), timestamp=time.time(), model=facts.model, req_path=facts.req_path,
+            resp_status_code=status, resp_content_type=self._content_type, tokens=tokens,
+            duration_ms=duration, error_msg=message, metadata=dict(facts.metadata),
+            requested_model=facts.requested_model or facts.model,
+            origin=facts.origin, key_name=facts.key_name, started=self.started, queue_ms=self._queue_ms,
+            load_ms=self._load_ms, ttfb_ms=self._ttfb_ms,
+        )
+        self._done(record, self._capture(record, status, whole))
+        return record
+
+    def _shown_response_headers(self) -> dict[str, str] | None:
+        """The response headers as a capture shows them: redacted, and without Content-Encoding (the body
+        is kept decoded)."""
+        if self._raw_response_headers is None:
+            return None
+        return {name: value for name, value in redacted(self._raw_response_headers).items()
+                if name.lower() != "content-encoding"}
+
+    def _capture(self, record: ActivityRecord, status: int, body: bytes | None) -> Capture | None:
+        if self._capture_limit <= 0 or (status in (200, 201) and self._decode_error):
+            return None
+        keep_req_headers, _, keep_resp_headers, _ = parts_for(self.facts.req_path)
+        return Capture(
+            id=record.id, req_path=self.facts.req_path,
+            req_headers=redacted(self.facts.request_headers) if keep_req_headers else None,
+            req_body=self._request_body,
+            resp_headers=self._shown_response_headers() if keep_resp_headers else None,
+            # A failed answer's body is kept too (llama-swap drops it): it is what one opens a capture for.
+            resp_body=body if self._keep_resp_body else None,
+        )

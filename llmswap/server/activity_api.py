@@ -1,0 +1,169 @@
+"""The activity routes and the recorder's place in the app.
+
+Owns the app's `ActivityRecorder` (made from the config; a reload changes its bounds in place; the store
+opens at startup, off the event loop), what an HTTP request tells it (`begin_http`, `recorded`), the
+`activity` event after each stored row, and the routes: `GET /api/metrics/activity`,
+`GET /api/metrics/stats`, `GET /api/captures/{id}` (llama-swap's shapes and error texts).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+
+from aiohttp import web
+
+from llmswap.activity.query import QueryError, parse_query
+from llmswap.activity.record import ActivityRecord
+from llmswap.activity.recorder import ActivityRecorder, ActivitySettings
+from llmswap.activity.recording import Recording, RequestFacts
+from llmswap.activity.store import open_store
+from llmswap.config.model import Config
+from llmswap.router.base import BaseRouter
+from llmswap.server.errors import error_response
+from llmswap.server.eventbus import Event
+from llmswap.server.middleware import CLIENT_GONE
+from llmswap.server.state import API_KEY, STATE, ServerState, state
+
+log = logging.getLogger("llmswap.activity")
+
+ACTIVITY_KEY = "activity"  # ServerState.extras key of the app's ActivityRecorder
+
+
+def settings_of(config: Config) -> ActivitySettings:
+    wanted = config.activity
+    return ActivitySettings(max_in_memory=wanted.max_in_memory, capture_mb=wanted.capture_mb)
+
+
+def recorder_of(server_state: ServerState) -> ActivityRecorder:
+    return server_state.extra(ACTIVITY_KEY, ActivityRecorder,
+                              lambda: ActivityRecorder(settings_of(server_state.config)))
+
+
+def key_name(request: web.Request) -> str:
+    """Which configured key the request used, as `apiKeys[<index>]`: never the key itself."""
+    key = request.get(API_KEY)
+    if key is None:
+        return ""
+    for index, candidate in enumerate(state(request).config.api_keys):
+        if candidate == key:
+            return f"apiKeys[{index}]"
+    return ""
+
+
+def begin_http(request: web.Request, *, model: str, requested: str, req_path: str) -> Recording:
+    facts = RequestFacts(
+        model=model, req_path=req_path, requested_model=requested, origin="http", key_name=key_name(request),
+        method=request.method, request_headers=request.headers,
+    )
+    return recorder_of(state(request)).begin(facts)
+
+
+async def recorded(recording: Recording, work: Awaitable[web.StreamResponse]) -> web.StreamResponse:
+    """Await `work` and finish `recording` with what it answered (also when it fails or is cancelled)."""
+    response: web.StreamResponse | None = None
+    try:
+        response = await work
+        return response
+    finally:
+        try:
+            _finish(recording, response)
+        except Exception:
+            log.exception("activity: recording a request failed")
+
+
+def _finish(recording: Recording, response: web.StreamResponse | None) -> None:
+    if response is None:
+        recording.finish(None if recording.answered else CLIENT_GONE, error="" if recording.answered
+                         else "the client went away before the answer")
+    elif recording.answered:
+        recording.finish()
+    elif isinstance(response, web.Response):
+        body = response.body if isinstance(response.body, bytes) else None
+        recording.finish(response.status, content_type=response.content_type, body=body)
+    else:
+        recording.finish(response.status, content_type=response.content_type)
+
+
+# -------------------------------------------------------------------------------- routes
+
+
+async def activity(request: web.Request) -> web.Response:
+    try:
+        query = parse_query({name: request.query.getall(name) for name in request.query})
+    except QueryError as exc:
+        return error_response(request, 400, str(exc))
+    recorder = recorder_of(state(request))
+    try:
+        page = await recorder.log.page(query)
+    except Exception:
+        log.exception("activity: reading activity failed")
+        return error_response(request, 500, "failed to get activity")
+    return web.json_response(page.as_dict(recorder.has_capture))
+
+
+async def stats(request: web.Request) -> web.Response:
+    model = request.query.get("model", "").strip() or None
+    try:
+        body = await recorder_of(state(request)).log.stats(model)
+    except Exception:
+        log.exception("activity: reading activity stats failed")
+        return error_response(request, 500, "failed to get activity stats")
+    return web.json_response(body)
+
+
+async def capture(request: web.Request) -> web.Response:
+    try:
+        activity_id = int(request.match_info["id"])
+    except ValueError:
+        return error_response(request, 400, "invalid capture ID")
+    found = recorder_of(state(request)).captures.get(activity_id)
+    if found is None:
+        return error_response(request, 404, "capture not found")
+    return web.json_response(found.as_dict())
+
+
+# -------------------------------------------------------------------------------- wiring
+
+
+def setup(app: web.Application) -> None:
+    server_state = app[STATE]
+    recorder = recorder_of(server_state)
+
+    def follow(router: BaseRouter) -> None:
+        recorder.configure(settings_of(router.config))
+
+    server_state.watch_router(follow)
+    app.router.add_get("/api/metrics/activity", activity)
+    app.router.add_get("/api/metrics/stats", stats)
+    app.router.add_get("/api/captures/{id}", capture)
+    app.on_startup.append(_open_store)
+    app.on_cleanup.append(_close_store)
+
+
+def publish_to(server_state: ServerState) -> None:
+    """Send `activity {id}` on /api/events after each stored row (called once the feed exists)."""
+    from llmswap.server.events import feed_of
+
+    feed = feed_of(server_state)
+
+    def on_row(record: ActivityRecord) -> None:
+        if feed.bus.subscribers:
+            feed.bus.publish(Event("activity", {"id": record.id}))
+
+    recorder_of(server_state).listeners.append(on_row)
+
+
+async def _open_store(app: web.Application) -> None:
+    server_state = app[STATE]
+    activity_config = server_state.config.activity
+    if activity_config.store_path is None:
+        return
+    recorder = recorder_of(server_state)
+    store = await open_store(activity_config.store_path, activity_config.store_retention)
+    if store is not None:
+        recorder.use_log(store, first_id=store.next_id)
+
+
+async def _close_store(app: web.Application) -> None:
+    await recorder_of(app[STATE]).close()

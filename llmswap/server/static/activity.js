@@ -1,0 +1,224 @@
+"use strict";
+// The status page's activity, machine and playground panels. Loaded after the page's own script, whose
+// globals it uses (view, el, authHeaders, needKey, seconds, scheduleRender); the page calls onActivity()
+// for each `activity` event, renderExtras() on each render, and cancelInflight() from its Cancel buttons.
+const ACTIVITY_SHOWN = 50;
+const MACHINE_EVERY_MS = 5000;
+const activity = { rows: [], pending: false };
+
+async function api(path, options = {}) {
+  const response = await fetch(path, { ...options, headers: { ...authHeaders(), ...(options.headers || {}) } });
+  if (response.status === 401) { await needKey(); throw new Error("API key needed"); }
+  return response;
+}
+
+// ---------------------------------------------------------------- activity
+async function loadActivity() {
+  if (activity.pending) return;
+  activity.pending = true;
+  try {
+    const response = await api(`/api/metrics/activity?limit=${ACTIVITY_SHOWN}`);
+    if (response.ok) activity.rows = (await response.json()).data;
+  } catch (err) {
+    console.warn("activity", err);
+  } finally {
+    activity.pending = false;
+  }
+  renderActivity();
+}
+let activityTimer = null;
+function onActivity() {
+  // A burst of requests makes a burst of events: one fetch covers them.
+  if (!activityTimer) activityTimer = setTimeout(() => { activityTimer = null; loadActivity(); }, 150);
+}
+
+const ms = (v) => (v == null ? "–" : v < 1000 ? `${v} ms` : `${(v / 1000).toFixed(2)} s`);
+const tokens = (n) => (n == null || n < 0 ? "–" : String(n));
+const speed = (v) => (v == null || v <= 0 ? "–" : v >= 100 ? v.toFixed(0) : v.toFixed(1));
+
+function activityRow(r) {
+  const t = r.tokens;
+  const waits = [r.queue_ms ? "queue " + ms(r.queue_ms) : "", r.load_ms != null ? "load " + ms(r.load_ms) : ""]
+    .filter(Boolean).join(" · ") || "–";
+  const ok = r.resp_status_code >= 200 && r.resp_status_code < 300;
+  const open = el("button", { "data-action": "capture" }, "Capture");
+  open.disabled = !r.has_capture;
+  open.onclick = () => openCapture(r.id);
+  const asked = r.requested_model && r.requested_model !== r.model ? el("div", { class: "sub" }, "as " + r.requested_model) : null;
+  return el("tr", { dataset: { activity: r.id, status: r.resp_status_code } },
+    el("td", { class: "sub" }, new Date(r.timestamp).toLocaleTimeString([], { hour12: false })),
+    el("td", {}, el("div", { class: "model-id" }, r.model), asked),
+    el("td", { class: "evict" }, r.req_path, r.origin !== "http" ? el("div", { class: "sub" }, r.origin) : null),
+    el("td", {}, el("span", { class: "pill " + (ok ? "o-ok" : "o-failed"), title: r.error_msg || "" },
+                    String(r.resp_status_code)),
+       r.error_msg ? el("div", { class: "note", title: r.error_msg }, r.error_msg) : null),
+    el("td", { class: "num", dataset: { field: "input" } }, tokens(t.input_tokens)),
+    el("td", { class: "num", dataset: { field: "cached" } }, tokens(t.cache_tokens)),
+    el("td", { class: "num", dataset: { field: "output" } }, tokens(t.output_tokens)),
+    el("td", { class: "num", dataset: { field: "prompt-speed" } }, speed(t.prompt_per_second)),
+    el("td", { class: "num", dataset: { field: "gen-speed" } }, speed(t.tokens_per_second)),
+    el("td", { class: "sub" }, waits),
+    el("td", { class: "num" }, ms(r.ttfb_ms)),
+    el("td", { class: "num" }, ms(r.duration_ms)),
+    el("td", { class: "actions" }, open));
+}
+
+function renderActivity() {
+  const body = document.getElementById("activity");
+  body.replaceChildren(...(activity.rows.length ? activity.rows.map(activityRow) :
+    [el("tr", {}, el("td", { colspan: 13, class: "empty" }, "no requests recorded yet"))]));
+  document.getElementById("activity-count").textContent = activity.rows.length;
+}
+
+// ---------------------------------------------------------------- captures
+function decodeBody(b64) {
+  if (b64 == null) return "(not kept)";
+  const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+  const text = new TextDecoder().decode(bytes);
+  try { return JSON.stringify(JSON.parse(text), null, 2); } catch { return text; }
+}
+const headerText = (h) => (h ? Object.entries(h).map(([k, v]) => `${k}: ${v}`).join("\n") : "(not kept)");
+
+async function openCapture(id) {
+  const dialog = document.getElementById("capture");
+  const fill = (name, text) => { dialog.querySelector(`[data-part="${name}"]`).textContent = text; };
+  try {
+    const response = await api(`/api/captures/${id}`);
+    const body = await response.json();
+    if (!response.ok) throw new Error((body.error && body.error.message) || response.status);
+    document.getElementById("capture-title").textContent = `Request ${body.id}: ${body.req_path}`;
+    fill("req-headers", headerText(body.req_headers));
+    fill("req-body", decodeBody(body.req_body));
+    fill("resp-headers", headerText(body.resp_headers));
+    fill("resp-body", decodeBody(body.resp_body));
+  } catch (err) {
+    document.getElementById("capture-title").textContent = `Request ${id}: ${err.message || err}`;
+    for (const part of ["req-headers", "req-body", "resp-headers", "resp-body"]) fill(part, "");
+  }
+  dialog.dataset.id = id;
+  dialog.showModal();
+}
+document.getElementById("capture-close").onclick = () => document.getElementById("capture").close();
+
+// ---------------------------------------------------------------- cancel
+async function cancelInflight(id, button) {
+  button.disabled = true;
+  try {
+    const response = await api(`/api/inflight/${encodeURIComponent(id)}/cancel`, { method: "POST" });
+    if (!response.ok && response.status !== 404) button.disabled = false;
+  } catch (err) {
+    button.disabled = false;
+  }
+}
+
+// ---------------------------------------------------------------- machine
+function gauge(label, percent, text, key) {
+  const bar = el("div", { class: "bar" }, el("i", { style: `width:${Math.max(0, Math.min(100, percent || 0))}%` }));
+  return el("div", { class: "gauge", dataset: { gauge: key } }, el("div", { class: "sub" }, label), bar,
+            el("div", { class: "gauge-text" }, text));
+}
+
+async function loadMachine() {
+  const box = document.getElementById("machine");
+  try {
+    const response = await api("/api/performance");
+    if (response.status === 503) { box.closest("section").hidden = true; return; }
+    const body = await response.json();
+    const system = (body.sys_stats || []).at(-1);
+    const latest = new Map();
+    for (const gpu of body.gpu_stats || []) latest.set(gpu.id, gpu);
+    const parts = [];
+    if (system) {
+      const cores = system.cpu_util_per_core;
+      const cpu = cores.reduce((a, b) => a + b, 0) / Math.max(1, cores.length);
+      parts.push(gauge(`CPU (${cores.length} cores)`, cpu, `${cpu.toFixed(0)} %`, "cpu"));
+      const memory = (system.mem_used_mb / system.mem_total_mb) * 100;
+      parts.push(gauge("Memory", memory, `${(system.mem_used_mb / 1024).toFixed(1)} / ${(system.mem_total_mb / 1024).toFixed(1)} GiB`, "memory"));
+    }
+    for (const gpu of latest.values()) {
+      const extra = [gpu.temp_c != null ? `${gpu.temp_c.toFixed(0)} °C` : "", gpu.power_draw_w != null ? `${gpu.power_draw_w.toFixed(0)} W` : ""]
+        .filter(Boolean).join(" · ");
+      parts.push(gauge(`GPU ${gpu.id} ${gpu.name}`, gpu.gpu_util_pct, `${(gpu.gpu_util_pct ?? 0).toFixed(0)} %` + (extra ? " · " + extra : ""), `gpu-${gpu.id}`));
+      parts.push(gauge(`GPU ${gpu.id} memory`, gpu.mem_util_pct, `${(gpu.mem_used_mb / 1024).toFixed(1)} / ${(gpu.mem_total_mb / 1024).toFixed(1)} GiB`, `gpu-${gpu.id}-memory`));
+    }
+    box.replaceChildren(...(parts.length ? parts : [el("div", { class: "empty" }, "waiting for the first sample…")]));
+  } catch (err) {
+    console.warn("performance", err);
+  }
+}
+
+// ---------------------------------------------------------------- playground
+let playing = null;
+function renderExtras() {
+  const select = document.getElementById("pg-model");
+  const ids = [...view.models.keys()].sort();
+  const shown = [...select.options].map((o) => o.value);
+  if (ids.join("\n") !== shown.join("\n")) {
+    const chosen = select.value;
+    select.replaceChildren(...ids.map((id) => el("option", { value: id }, id)));
+    if (ids.includes(chosen)) select.value = chosen;
+  }
+}
+
+async function play() {
+  const button = document.getElementById("pg-send");
+  if (playing) { playing.abort(); return; }
+  const output = document.getElementById("pg-output");
+  const stats = document.getElementById("pg-stats");
+  const body = {
+    model: document.getElementById("pg-model").value, stream: true, stream_options: { include_usage: true },
+    messages: [{ role: "user", content: document.getElementById("pg-prompt").value }],
+  };
+  playing = new AbortController();
+  button.textContent = "Stop";
+  output.textContent = "";
+  stats.textContent = "";
+  document.getElementById("playground").dataset.state = "streaming";
+  const began = performance.now();
+  let first = null;
+  try {
+    const response = await api("/v1/chat/completions", {
+      method: "POST", body: JSON.stringify(body), signal: playing.signal,
+      headers: { "Content-Type": "application/json" },
+    });
+    if (!response.ok) {
+      const error = await response.json().catch(() => null);
+      throw new Error((error && error.error && error.error.message) || `status ${response.status}`);
+    }
+    let buffer = "";
+    for await (const text of chunks(response)) {
+      buffer += text.replace(/\r\n/g, "\n");
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        for (const line of block.split("\n")) {
+          if (!line.startsWith("data:")) continue;
+          const data = line.slice(5).trim();
+          if (data === "[DONE]") continue;
+          const event = JSON.parse(data);
+          if (event.error) throw new Error(event.error.message);
+          const delta = event.choices && event.choices[0] && event.choices[0].delta;
+          const piece = delta && (delta.content || "");
+          if (piece) { if (first === null) first = performance.now(); output.textContent += piece; }
+          if (event.usage) stats.textContent = `${event.usage.prompt_tokens} prompt · ${event.usage.completion_tokens} generated tokens`;
+          if (event.timings) stats.dataset.speed = event.timings.predicted_per_second;
+        }
+      }
+    }
+    const took = (performance.now() - began) / 1000;
+    stats.textContent += (stats.textContent ? " · " : "") + `first token ${first ? ((first - began) / 1000).toFixed(2) : "–"} s · ${took.toFixed(2)} s`;
+    document.getElementById("playground").dataset.state = "done";
+  } catch (err) {
+    stats.textContent = err.name === "AbortError" ? "stopped" : `failed: ${err.message || err}`;
+    document.getElementById("playground").dataset.state = err.name === "AbortError" ? "stopped" : "failed";
+  } finally {
+    playing = null;
+    button.textContent = "Send";
+  }
+}
+document.getElementById("pg-send").onclick = play;
+
+loadActivity();
+loadMachine();
+setInterval(loadMachine, MACHINE_EVERY_MS);
