@@ -191,7 +191,8 @@ async def _unload_everything(request: web.Request) -> None:
     await router.unload()
 
 
-async def unload_model(request: web.Request) -> web.Response:
+def _named_model(request: web.Request) -> str | web.Response:
+    """The local model the route's `{model}` names (an id or an alias), or the 404 to answer."""
     server = state(request)
     name = request.match_info["model"]
     model_id = server.config.real_model_name(name)
@@ -200,6 +201,14 @@ async def unload_model(request: web.Request) -> web.Response:
             request, 404, f"model not found: {name!r} is neither a model id nor an alias of this config",
         )
     note_model(request, model_id)
+    return model_id
+
+
+async def unload_model(request: web.Request) -> web.Response:
+    server = state(request)
+    model_id = _named_model(request)
+    if isinstance(model_id, web.Response):
+        return model_id
     log.info("unload: stopping %s (%s %s)", model_id, request.method, request.path)
     await server.router.unload([model_id])
     return web.Response(text="OK")
@@ -211,14 +220,9 @@ async def unload_model(request: web.Request) -> web.Response:
 async def load_model(request: web.Request) -> web.StreamResponse:
     """Start a model without an inference request: asked of the router as a request would be (the scheduler
     decides what stops for it and when), answered once the model is ready or could not start."""
-    server = state(request)
-    name = request.match_info["model"]
-    model_id = server.config.real_model_name(name)
-    if model_id is None or model_id not in server.router.processes:
-        return error_response(
-            request, 404, f"model not found: {name!r} is neither a model id nor an alias of this config",
-        )
-    note_model(request, model_id)
+    model_id = _named_model(request)
+    if isinstance(model_id, web.Response):
+        return model_id
     log.info("load: starting %s (%s %s)", model_id, request.method, request.path)
     return await while_connected(request, _load(request, model_id),
                                  on_gone=lambda: web.Response(status=CLIENT_CLOSED_REQUEST))
