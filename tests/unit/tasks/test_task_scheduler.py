@@ -122,24 +122,24 @@ def test_concurrent_batches_when_vram_allows(make_scheduler: SchedulerFactory) -
 def test_new_tasks_picked_up_mid_batch(make_scheduler: SchedulerFactory) -> None:
     first_running = threading.Event()
     release_first = threading.Event()
-    first_id: list[int] = []
 
     def hold_first(call: Call) -> None:
-        if call.task_id == first_id[0]:
+        if call.task_id == first:
             first_running.set()
             assert release_first.wait(WAIT)
 
     run_task = RecordingRunTask(hold_first)
     scheduler = make_scheduler(run_task, available_vram=ONE_MODEL_VRAM)
+    # Queued before start: a started scheduler may run a task before `enqueue` returns its id to us.
+    first = queue_task(scheduler, "cover_letter")
     scheduler.start()
-    first_id.append(queue_task(scheduler, "cover_letter"))
     assert first_running.wait(WAIT)
 
     later = [queue_task(scheduler, "cover_letter") for _ in range(2)]
     release_first.set()
     assert scheduler.wait_idle(WAIT)
 
-    assert run_task.ids() == [first_id[0], *later]
+    assert run_task.ids() == [first, *later]
     assert len({id(c.thread) for c in run_task.calls}) == 1  # one worker ran all three: one batch
     assert scheduler.snapshot().batches_started["cover_letter"] == 1
 
@@ -436,17 +436,16 @@ def test_worker_thread_death_releases_budget_and_batch_resumes(
 def test_cancelled_task_is_skipped_by_the_worker(make_scheduler: SchedulerFactory, db: Path) -> None:
     holding = threading.Event()
     release = threading.Event()
-    first: list[int] = []
 
     def hold_first(call: Call) -> None:
-        if call.task_id == first[0]:
+        if call.task_id == first:
             holding.set()
             assert release.wait(WAIT)
 
     run_task = RecordingRunTask(hold_first)
     scheduler = make_scheduler(run_task, available_vram=UNLIMITED_VRAM_GB)
+    first = queue_task(scheduler, "cover_letter")  # before start: the hook must know its id when it runs
     scheduler.start()
-    first.append(queue_task(scheduler, "cover_letter"))
     assert holding.wait(WAIT)
     cancelled_in_db_only = queue_task(scheduler, "cover_letter")
     cancelled_and_discarded = queue_task(scheduler, "cover_letter")
@@ -458,7 +457,7 @@ def test_cancelled_task_is_skipped_by_the_worker(make_scheduler: SchedulerFactor
     release.set()
     assert scheduler.wait_idle(WAIT)
 
-    assert run_task.ids() == [first[0], kept]
+    assert run_task.ids() == [first, kept]
     for task_id in (cancelled_in_db_only, cancelled_and_discarded):
         row = get_task(db, task_id)
         assert row is not None and (row.status, row.error) == (TaskStatus.FAILED, CANCELLED_ERROR)
