@@ -439,15 +439,18 @@ def test_cancelled_task_is_skipped_by_the_worker(make_scheduler: SchedulerFactor
     first: list[int] = []
 
     def hold_first(call: Call) -> None:
-        if call.task_id == first[0]:
+        # The worker may take the task before queue_task returns its id: hold whichever call comes first.
+        if not first:
+            first.append(call.task_id)
             holding.set()
             assert release.wait(WAIT)
 
     run_task = RecordingRunTask(hold_first)
     scheduler = make_scheduler(run_task, available_vram=UNLIMITED_VRAM_GB)
     scheduler.start()
-    first.append(queue_task(scheduler, "cover_letter"))
+    first_id = queue_task(scheduler, "cover_letter")
     assert holding.wait(WAIT)
+    assert first == [first_id]
     cancelled_in_db_only = queue_task(scheduler, "cover_letter")
     cancelled_and_discarded = queue_task(scheduler, "cover_letter")
     kept = queue_task(scheduler, "cover_letter")
