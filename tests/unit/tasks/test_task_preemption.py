@@ -18,6 +18,7 @@ from llmswap.tasks.db import (
     init_db,
     insert_task,
     queued_tasks,
+    reset_running_tasks,
 )
 from llmswap.tasks.lanes import TaskLanes, claiming
 from llmswap.tasks.preemption import requeue_preempted
@@ -41,6 +42,18 @@ def test_a_preempted_task_is_queued_again_before_the_tasks_queued_after_it(db: P
     assert (row.status, row.preemptions, row.started_at, row.result, row.error) == (
         TaskStatus.QUEUED, 1, None, None, None)
     assert [r.id for r in queued_tasks(db, {"letters"})] == [first, second, later]
+
+
+def test_a_requeued_task_survives_a_restart_and_loads_first(db: Path) -> None:
+    first, second = queue(db, 2)
+    claim_task(db, first)
+    requeue_preempted(db, first, max_preemptions=3)
+    claim_task(db, second)  # running when the process dies: its outcome is unknown
+
+    assert reset_running_tasks(db) == 1  # what a restart does first
+    assert [(r.id, r.preemptions) for r in queued_tasks(db, {"letters"})] == [(first, 1)]
+    failed = get_task(db, second)
+    assert failed is not None and failed.status is TaskStatus.FAILED
 
 
 def test_a_requeued_task_cannot_be_finished_by_the_attempt_that_was_preempted(db: Path) -> None:
