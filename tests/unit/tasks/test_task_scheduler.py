@@ -125,15 +125,18 @@ def test_new_tasks_picked_up_mid_batch(make_scheduler: SchedulerFactory) -> None
     first_id: list[int] = []
 
     def hold_first(call: Call) -> None:
-        if call.task_id == first_id[0]:
+        # The worker may take the task before queue_task returns its id: hold whichever call comes first.
+        if not first_id:
+            first_id.append(call.task_id)
             first_running.set()
             assert release_first.wait(WAIT)
 
     run_task = RecordingRunTask(hold_first)
     scheduler = make_scheduler(run_task, available_vram=ONE_MODEL_VRAM)
     scheduler.start()
-    first_id.append(queue_task(scheduler, "cover_letter"))
+    queued_first = queue_task(scheduler, "cover_letter")
     assert first_running.wait(WAIT)
+    assert first_id == [queued_first]
 
     later = [queue_task(scheduler, "cover_letter") for _ in range(2)]
     release_first.set()
