@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
-from llmswap.config import ApiKey, Config, Filters, TaskTypeConfig, Timeouts
+from llmswap.config import ApiKey, Config, Filters, TaskTypeConfig, Timeouts, format_config
 
 from .support import errors_of, load, one_error
 
@@ -304,6 +305,11 @@ tasks:
         "/srv/llmswap/config.yaml:13: tasks.types.summarize.vram: not used: the router budgets the memory "
         "of the model itself (its footprint); declare it as models.b.vram instead",
     )
+
+
+def test_tasks_max_preemptions_shows_in_the_resolved_config() -> None:
+    config = load("tasks:\n  maxPreemptions: 5\n", path="/srv/llmswap/config.yaml")
+    assert yaml.safe_load(format_config(config))["tasks"]["maxPreemptions"] == 5
 
 
 def test_tasks_defaults() -> None:
