@@ -25,10 +25,11 @@ from tests.helpers.models import demo_config, exclusive_config
 from tests.helpers.wait import eventually
 from tests.integration.server.conftest import ServeConfig
 
-# Twenty tokens at ten a second: a task's request is at the upstream for about two seconds, plenty of
-# time for the interactive request to find it there (the test waits for it to arrive, not for a time).
+# Forty tokens at ten a second: the first request is at the upstream for about four seconds, plenty of
+# time for the interactive request to find it there (the test waits for it to arrive, not for a time);
+# the second one is short.
 SLOW = ("--tokens-per-second", "10", "--echo", "--log-requests")
-TASK_TOKENS = 20
+TOKENS = {1: 40, 2: 5}
 
 
 def preempting_config(tmp_path: Path) -> Any:
@@ -63,7 +64,7 @@ async def test_an_interactive_request_preempts_a_task_batch_and_the_task_complet
 
     ids = []
     for n in (1, 2):
-        params = {"messages": [{"role": "user", "content": f"summary {n}"}], "max_tokens": TASK_TOKENS}
+        params = {"messages": [{"role": "user", "content": f"summary {n}"}], "max_tokens": TOKENS[n]}
         async with http.post(served.at("/api/tasks"), json={"type": "summaries", "params": params}) as resp:
             assert resp.status == 201, await resp.text()
             ids.append((await resp.json())["id"])
@@ -92,7 +93,7 @@ async def test_an_interactive_request_preempts_a_task_batch_and_the_task_complet
         # The whole answer, to the request the task made: the upstream echoes what it received.
         result = rows[task_id]["result"]
         assert result["echo"]["body"]["messages"] == [{"role": "user", "content": f"summary {n}"}]
-        assert result["usage"]["completion_tokens"] == TASK_TOKENS
+        assert result["usage"]["completion_tokens"] == TOKENS[n]
     # Back at the head of its queue: the preempted task finished before the second one started.
     assert rows[first]["finished_at"] <= rows[second]["started_at"]
     # Three requests reached bg: the cut attempt, then each task once, whole.
@@ -114,7 +115,7 @@ async def test_a_preempted_batch_request_is_retried_and_counted_once(
                    for line in served.router.processes["bg"].logs.history())
 
     lines = [json.dumps({"custom_id": f"req-{n}", "method": "POST", "url": "/v1/chat/completions",
-                         "body": {"model": "bg", "max_tokens": TASK_TOKENS,
+                         "body": {"model": "bg", "max_tokens": TOKENS[n],
                                   "messages": [{"role": "user", "content": f"line {n}"}]}})
              for n in (1, 2)]
     form = aiohttp.FormData()
