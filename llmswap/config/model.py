@@ -283,6 +283,7 @@ class TasksConfig:
     max_queue_depth: int = 500
     types: Mapping[str, TaskTypeConfig] = _no_entries()
     priority: int = -10  # tasks run below interactive requests by default
+    max_preemptions: int = 3  # a task preempted more often than this is failed (tasks/preemption.py)
 
 
 @dataclass(frozen=True)

@@ -217,6 +217,7 @@ def _tasks(tasks: TasksConfig | None) -> dict[str, Any] | None:
         "db": str(tasks.db),
         "maxQueueDepth": tasks.max_queue_depth,
         "priority": tasks.priority,
+        "maxPreemptions": tasks.max_preemptions,
         "types": {
             name: _pruned({"model": task_type.model, "vram": task_type.vram})
             for name, task_type in tasks.types.items()

@@ -15,7 +15,7 @@ from llmswap.config.model import TasksConfig, TaskTypeConfig
 from llmswap.config.yamltree import Map
 
 DEFAULT_TASKS_DB = "./llmswap-tasks.sqlite"
-TASKS_KEYS = ("db", "maxQueueDepth", "types", "priority")
+TASKS_KEYS = ("db", "maxQueueDepth", "types", "priority", "maxPreemptions")
 TASK_TYPE_KEYS = ("model", "vram")
 
 
@@ -27,7 +27,7 @@ def resolve_path(text: str, base_dir: Path) -> Path:
 def read_tasks(root: Fields, base_dir: Path, resolve: Callable[[str], str | None]) -> TasksConfig | None:
     if "tasks" not in root.map.entries:
         return None
-    fields = root.mapping("tasks", "a mapping with db:, maxQueueDepth:, types:, priority:")
+    fields = root.mapping("tasks", "a mapping with db:, maxQueueDepth:, types:, priority:, maxPreemptions:")
     fields.warn_unknown(TASKS_KEYS)
     defaults = TasksConfig(db=Path(DEFAULT_TASKS_DB))
     db = fields.text("db", DEFAULT_TASKS_DB).strip() or DEFAULT_TASKS_DB
@@ -58,4 +58,5 @@ def read_tasks(root: Fields, base_dir: Path, resolve: Callable[[str], str | None
         max_queue_depth=fields.integer("maxQueueDepth", defaults.max_queue_depth, minimum=1),
         types=MappingProxyType(types),
         priority=fields.integer("priority", defaults.priority),
+        max_preemptions=fields.integer("maxPreemptions", defaults.max_preemptions, minimum=0),
     )

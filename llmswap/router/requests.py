@@ -98,6 +98,9 @@ class RequestApi:
             task.uncancel()
             raise Preempted(waiter.preempted) from None
         finally:
+            # Ended: a preemption decided before the run loop reads ServeDone must not cancel whatever
+            # the task does next (a task lane recording this very answer).
+            waiter.task = None
             # The scheduler counts it out; a successor waiting for the model learns in _run.
             self._post(ServeDone(granted_model, req))
 

@@ -203,6 +203,8 @@ class Batches:
         expires_at = batch.times.get("expires_at")
         if batch.status == "in_progress" and expires_at is not None and store.now_seconds() >= expires_at:
             self._drop_queued(batch, EXPIRED_ERROR)
+        elif batch.status == "cancelling":
+            self._drop_queued(batch, CANCELLED_ERROR)  # a preempted request came back to the queue since
         if store.request_counts(self.db, batch.seq, batch.total).pending:
             return
         outputs: list[dict[str, Any]] = []

@@ -8,7 +8,8 @@ WAL mode lets readers run while a writer commits; `busy_timeout` makes writers w
 instead of failing with "database is locked".
 
 Status changes that race with each other are single conditional UPDATEs (`claim_task`, `finish_task`,
-`cancel_task`), so exactly one of "a worker starts it" and "a user cancels it" wins, and a task that a
+`cancel_task`; a preempted attempt's way back to the queue is `preemption.requeue_preempted`), so
+exactly one of "a worker starts it" and "a user cancels it" wins, and a task that a
 restart already failed is never completed afterwards.
 """
 
@@ -40,12 +41,15 @@ CREATE TABLE IF NOT EXISTS background_tasks (
     result      TEXT,
     created_at  TEXT    NOT NULL,
     started_at  TEXT,
-    finished_at TEXT
+    finished_at TEXT,
+    preemptions INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS idx_background_tasks_status_type ON background_tasks (status, task_type);
 """
 
-_COLUMNS = "id, task_type, job_id, params, status, error, result, created_at, started_at, finished_at"
+_COLUMNS = (
+    "id, task_type, job_id, params, status, error, result, created_at, started_at, finished_at, preemptions"
+)
 
 
 class TaskStatus(StrEnum):
@@ -77,6 +81,7 @@ class TaskRow:
     created_at: str
     started_at: str | None
     finished_at: str | None
+    preemptions: int = 0  # attempts ended by preemption, each sent back to the queue (`preemption.py`)
 
     @property
     def finished(self) -> bool:
@@ -124,6 +129,18 @@ def init_db(db_path: Path | str) -> None:
                 f"{db_path}: SQLite refused WAL mode (got {mode!r}); put the database on a local disk"
             )
         conn.executescript(_SCHEMA)
+        _add_preemptions_column(conn)
+
+
+def _add_preemptions_column(conn: sqlite3.Connection) -> None:
+    """Migrate a database made before attempts could be preempted: its rows start at 0."""
+    if "preemptions" in {row[1] for row in conn.execute("PRAGMA table_info(background_tasks)")}:
+        return
+    try:
+        conn.execute("ALTER TABLE background_tasks ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0")
+    except sqlite3.OperationalError as exc:
+        if "duplicate column" not in str(exc):  # another process migrated it first
+            raise
 
 
 def _row(record: tuple[Any, ...]) -> TaskRow:
@@ -139,6 +156,7 @@ def _row(record: tuple[Any, ...]) -> TaskRow:
         created_at=record[7],
         started_at=record[8],
         finished_at=record[9],
+        preemptions=record[10],
     )
 
 

@@ -15,6 +15,7 @@ No threads and no locks: every method runs on the event loop; the database calls
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from collections import deque
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmswap.scheduler.errors import Preempted
 from llmswap.tasks.db import (
     QUEUE_FULL_ERROR,
     TaskRow,
@@ -32,6 +34,7 @@ from llmswap.tasks.db import (
     finish_task,
     queued_tasks,
 )
+from llmswap.tasks.preemption import requeue_preempted
 
 log = logging.getLogger("llmswap.tasks")
 
@@ -68,6 +71,8 @@ class LanesSnapshot:
     queue_depths: Mapping[str, int]  # type -> tasks waiting (not counting the one its lane runs)
     active_types: tuple[str, ...]  # types whose lane runs, sorted
     batches_started: Mapping[str, int]  # type -> lanes started since construction
+    requeued: Mapping[str, int] = dataclasses.field(default_factory=dict)  # type -> preempted, queued again
+    gave_up: Mapping[str, int] = dataclasses.field(default_factory=dict)  # type -> failed at maxPreemptions
 
 
 class TaskLanes:
@@ -96,6 +101,8 @@ class TaskLanes:
         self._queued_ids: set[int] = set()
         self._active: dict[str, asyncio.Task[None]] = {}
         self._batches_started: dict[str, int] = {}
+        self._requeued: dict[str, int] = {}
+        self._gave_up: dict[str, int] = {}
         self._stopping = False
 
     # ------------------------------------------------------------------ types
@@ -162,6 +169,18 @@ class TaskLanes:
         self._start_lanes()
         return True
 
+    def preempted(self, task_type: str, item: Queued, requeued: bool) -> None:
+        """Count a preempted attempt; when its row went back to queued, put it at the head of its type's
+        queue (it was at the head when its lane took it), so the lane runs it next."""
+        counts = self._requeued if requeued else self._gave_up
+        counts[task_type] = counts.get(task_type, 0) + 1
+        if not requeued or self._stopping or task_type not in self._types:
+            return  # not taken back now: the row stays queued in the database for the next load
+        self.discard(item.id)  # the database poll may have queued it at the tail meanwhile
+        self._queues.setdefault(task_type, deque()).appendleft(item)
+        self._queued_ids.add(item.id)
+        self._start_lanes()
+
     def discard(self, task_id: int) -> bool:
         """Forget a queued task (its row was cancelled); False when it was not queued here."""
         if task_id not in self._queued_ids:
@@ -196,6 +215,8 @@ class TaskLanes:
             queue_depths={t: len(q) for t, q in self._queues.items() if q},
             active_types=tuple(sorted(self._active)),
             batches_started=dict(self._batches_started),
+            requeued=dict(self._requeued),
+            gave_up=dict(self._gave_up),
         )
 
     # ------------------------------------------------------------------ lanes
@@ -253,8 +274,17 @@ class TaskLanes:
         await asyncio.gather(*pending, return_exceptions=True)
 
 
-def claiming(db: Path, run_one: RunOne) -> RunItem:
-    """Server mode's task runner: claim the row, run it, record the outcome (a failure never stops a lane)."""
+def claiming(
+    db: Path,
+    run_one: RunOne,
+    *,
+    max_preemptions: Callable[[], int],
+    on_preempted: Callable[[str, Queued, bool], None] | None = None,
+) -> RunItem:
+    """Server mode's task runner: claim the row, run it, record the outcome (a failure never stops a lane).
+
+    A preempted attempt did not run: its row goes back to queued (`preemption.requeue_preempted`, at most
+    `max_preemptions()` times, then failed) and `on_preempted(type, item, requeued)` is told."""
 
     async def run(task_type: str, item: Queued) -> None:
         try:
@@ -264,6 +294,9 @@ def claiming(db: Path, run_one: RunOne) -> RunItem:
                 return
             try:
                 result = await run_one(row)
+            except Preempted as exc:
+                await requeue(task_type, item, exc)
+                return
             except Exception as exc:
                 log.warning("task %d (%s, job %d) failed: %s", item.id, task_type, item.job_id, exc)
                 await asyncio.to_thread(finish_task, db, item.id, TaskStatus.FAILED,
@@ -275,5 +308,19 @@ def claiming(db: Path, run_one: RunOne) -> RunItem:
                             item.id, task_type)
         except Exception:
             log.exception("tasks: running task %d (%s) failed", item.id, task_type)
+
+    async def requeue(task_type: str, item: Queued, exc: Preempted) -> None:
+        limit = max_preemptions()
+        outcome = await asyncio.to_thread(requeue_preempted, db, item.id, limit)
+        if outcome is None:
+            log.info("task %d (%s) was preempted and is no longer running; left as it is", item.id, task_type)
+            return
+        if outcome.requeued:
+            log.warning("task %d (%s) preempted (%s): back at the head of its queue (preemption %d, "
+                        "at most %d)", item.id, task_type, exc, outcome.preemptions, limit)
+        else:
+            log.warning("task %d (%s) failed: %s", item.id, task_type, outcome.error)
+        if on_preempted is not None:
+            on_preempted(task_type, item, outcome.requeued)
 
     return run

@@ -92,8 +92,11 @@ class TaskService:
         self.enabled = True  # False after a reload dropped the `tasks:` section
         # `batch:<model>` task types of the Batch API in use (type -> model): they outlive reloads.
         self._batch_types: dict[str, str] = {}
+        # The lanes are built with their runner; the runner reaches them only once a task was preempted.
+        runner = claiming(self.db, self._run, max_preemptions=lambda: self.tasks.max_preemptions,
+                          on_preempted=lambda *outcome: self.lanes.preempted(*outcome))
         self.lanes = TaskLanes(
-            self.db, claiming(self.db, self._run), model_of=self._model_of, fits=self._fit_together,
+            self.db, runner, model_of=self._model_of, fits=self._fit_together,
             max_queue_depth=self.tasks.max_queue_depth,
         )
         self.batches = Batches(self)
@@ -203,6 +206,7 @@ class TaskService:
             "queue_depths": dict(snap.queue_depths),
             "active_batches": list(snap.active_types),
             "batches_started": dict(snap.batches_started),
+            "preempted": {"requeued": dict(snap.requeued), "gave_up": dict(snap.gave_up)},
         }
 
     async def _poll_database(self) -> None:
@@ -273,4 +277,5 @@ def row_json(row: TaskRow) -> dict[str, Any]:
         "created_at": row.created_at,
         "started_at": row.started_at,
         "finished_at": row.finished_at,
+        "preemptions": row.preemptions,
     }

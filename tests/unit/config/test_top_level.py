@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
-from llmswap.config import ApiKey, Config, Filters, TaskTypeConfig, Timeouts
+from llmswap.config import ApiKey, Config, Filters, TaskTypeConfig, Timeouts, format_config
 
 from .support import errors_of, load, one_error
 
@@ -282,6 +283,7 @@ tasks:
   db: data/tasks.sqlite
   maxQueueDepth: 50
   priority: -3
+  maxPreemptions: 0
   types:
     embed: {model: alpha}
     summarize:
@@ -293,16 +295,21 @@ tasks:
     tasks = config.tasks
     assert tasks is not None
     assert tasks.db == Path("/srv/llmswap/data/tasks.sqlite")
-    assert (tasks.max_queue_depth, tasks.priority) == (50, -3)
+    assert (tasks.max_queue_depth, tasks.priority, tasks.max_preemptions) == (50, -3, 0)
     assert dict(tasks.types) == {
         "embed": TaskTypeConfig("embed", "a"),
         "summarize": TaskTypeConfig("summarize", "b", vram=7 * 10**9),
     }
     # Memory is budgeted once, by the router, from the model's footprint: a type's own vram is not used.
     assert config.warnings == (
-        "/srv/llmswap/config.yaml:12: tasks.types.summarize.vram: not used: the router budgets the memory "
+        "/srv/llmswap/config.yaml:13: tasks.types.summarize.vram: not used: the router budgets the memory "
         "of the model itself (its footprint); declare it as models.b.vram instead",
     )
+
+
+def test_tasks_max_preemptions_shows_in_the_resolved_config() -> None:
+    config = load("tasks:\n  maxPreemptions: 5\n", path="/srv/llmswap/config.yaml")
+    assert yaml.safe_load(format_config(config))["tasks"]["maxPreemptions"] == 5
 
 
 def test_tasks_defaults() -> None:
@@ -310,6 +317,7 @@ def test_tasks_defaults() -> None:
     assert tasks is not None
     assert tasks.db == Path("/srv/llmswap/llmswap-tasks.sqlite")
     assert (tasks.max_queue_depth, tasks.priority, dict(tasks.types)) == (500, -10, {})
+    assert tasks.max_preemptions == 3
     assert load("tasks:\n  db: /abs/q.db\n").tasks.db == Path("/abs/q.db")  # type: ignore[union-attr]
 
 
@@ -319,6 +327,7 @@ def test_tasks_errors() -> None:
         + """\
 tasks:
   maxQueueDepth: 0
+  maxPreemptions: -1
   types:
     ghost: {model: nope}
     nomodel: {vram: 1GB}
@@ -327,10 +336,11 @@ tasks:
     )
     assert errors == [
         "config.yaml:5: tasks.maxQueueDepth: must be >= 1, got 0",
-        'config.yaml:7: tasks.types.ghost.model: unknown model "nope"; use a model id or alias from models:',
-        "config.yaml:8: tasks.types.nomodel: model is required: the model id or alias that runs this task "
+        "config.yaml:6: tasks.maxPreemptions: must be >= 0, got -1",
+        'config.yaml:8: tasks.types.ghost.model: unknown model "nope"; use a model id or alias from models:',
+        "config.yaml:9: tasks.types.nomodel: model is required: the model id or alias that runs this task "
         "type",
-        "config.yaml:9: tasks.types.wrong: must be a mapping with model: and vram:, got a list",
+        "config.yaml:10: tasks.types.wrong: must be a mapping with model: and vram:, got a list",
     ]
 
 

@@ -24,6 +24,7 @@ from llmswap.tasks.db import (
     insert_tasks,
     job_tasks,
 )
+from llmswap.tasks.preemption import requeue_preempted
 
 CHAT = "/v1/chat/completions"
 
@@ -177,3 +178,27 @@ def test_a_poll_while_a_batch_is_being_created_does_not_end_it_empty(
     after = batches.get(view.batch.id)
     assert after is not None and after.batch.status == "in_progress"
     assert after.counts.pending == 1
+
+
+def test_a_request_preempted_while_its_batch_is_cancelling_is_cancelled_not_run(tmp_path: Path) -> None:
+    db = tmp_path / "tasks.sqlite"
+    init_db(db)
+    store.init_batch_tables(db)
+    batches = Batches(_Host(db))  # type: ignore[arg-type]
+    uploaded = batches.upload("in.jsonl", "batch", f"{line('one')}\n{line('two')}\n".encode())
+    config = Config(models={"m": ModelConfig(id="m", cmd=("true",), proxy="http://127.0.0.1:1")})
+    view = batches.create(config, input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h",
+                          metadata=None)
+    running, queued = (row.id for row in job_tasks(db, view.batch.seq, store.BATCH_TYPE_PREFIX))
+    claim_task(db, running)
+    assert batches.cancel(view.batch.id) is not None  # the queued one is cancelled; the running one goes on
+    outcome = requeue_preempted(db, running, max_preemptions=3)  # ...until it is preempted
+    assert outcome is not None and outcome.requeued
+
+    batches.tick()
+
+    after = batches.get(view.batch.id)
+    assert after is not None and after.batch.status == "cancelled"
+    assert (after.counts.completed, after.counts.failed, after.counts.pending) == (0, 2, 0)
+    rows = job_tasks(db, view.batch.seq, store.BATCH_TYPE_PREFIX)
+    assert [(r.id, r.error) for r in rows] == [(running, CANCELLED_ERROR), (queued, CANCELLED_ERROR)]

@@ -43,7 +43,8 @@ async def run(tmp_path: Path, fits: bool, counts: dict[str, int]) -> tuple[Recor
     def fit(models: Collection[str]) -> bool:
         return fits
 
-    lanes = TaskLanes(db, claiming(db, recorder), model_of=MODELS.get, fits=fit, max_queue_depth=100)
+    runner = claiming(db, recorder, max_preemptions=lambda: 3)
+    lanes = TaskLanes(db, runner, model_of=MODELS.get, fits=fit, max_queue_depth=100)
     lanes.set_types(MODELS)
     ids = []
     for task_type, count in counts.items():
@@ -93,7 +94,8 @@ async def test_a_waiting_type_with_the_deeper_queue_goes_next(tmp_path: Path) ->
     recorder = Recorder()
     types = {"first": "a", "shallow": "b", "deep": "c"}
     lanes = TaskLanes(
-        db, claiming(db, recorder), model_of=types.get, fits=lambda models: False, max_queue_depth=100
+        db, claiming(db, recorder, max_preemptions=lambda: 3), model_of=types.get, fits=lambda models: False,
+        max_queue_depth=100,
     )
     lanes.set_types(types)
     for task_type, count in (("first", 1), ("shallow", 1), ("deep", 2)):
