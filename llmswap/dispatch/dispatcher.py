@@ -108,6 +108,7 @@ class Dispatcher:
         on_position: Callable[[int], None] | None = None,
         deadline_ms: float | None = None,
         on_granted: Callable[[float], None] | None = None,
+        backlog: int = 0,
     ) -> AsyncIterator[Lease]:
         """Wait until `model` may serve and yield its lease; the router's `SchedulerError`s go through.
 
@@ -119,7 +120,7 @@ class Dispatcher:
         try:
             async with (router or self._router_of()).acquire(
                 model, priority=priority, api_key=api_key, on_admitted=on_admitted, on_position=on_position,
-                deadline_ms=deadline_ms, on_granted=on_granted,
+                deadline_ms=deadline_ms, on_granted=on_granted, backlog=backlog,
             ) as process:
                 waited = self._clock() - asked
                 yield Lease(process, self.pool.session(process.id, process.config.timeouts), waited)
@@ -145,12 +146,15 @@ class Dispatcher:
         requested: str,
         origin: Origin,
         priority: int = 0,
+        backlog: int = 0,
     ) -> UpstreamAnswer:
         """POST `body` (after the model's filters, as the client named it `requested`) and read the answer.
 
-        Raises the router's `SchedulerError`, or `UpstreamUnreachable` when the model does not answer.
+        `backlog`: how many more requests for `model` the caller has queued behind this one (a task type's
+        durable queue): the router's scheduler plans with it. Raises the router's `SchedulerError`, or
+        `UpstreamUnreachable` when the model does not answer.
         """
-        async with self.lease(model, origin=origin, priority=priority) as lease:
+        async with self.lease(model, origin=origin, priority=priority, backlog=backlog) as lease:
             filtered, _ = apply_plan(body, local_plan(lease.config, requested))
             url = URL(lease.config.proxy.rstrip("/") + path)
             data = json.dumps(filtered, ensure_ascii=False, separators=(",", ":")).encode()

@@ -54,19 +54,21 @@ class RequestApi:
         on_position: Callable[[int], None] | None = None,
         deadline_ms: float | None = None,
         on_granted: Callable[[float], None] | None = None,
+        backlog: int = 0,
     ) -> AsyncIterator[ProcessLike]:
         """Wait until `model` may serve, yield its process, and report the end of the request.
 
         Raises the `SchedulerError` the scheduler chose (unknown model, limits, failed swap...). Honours
         cancellation at every point: a cancelled waiter leaves the queue and never triggers a swap.
         `deadline_ms`: when it should be served by, after now; `on_granted(load)` is told, once granted,
-        how many seconds of its wait its model spent loading.
+        how many seconds of its wait its model spent loading. `backlog`: how many more requests for `model`
+        its caller has queued behind this one (`HandlerRequest.backlog`).
         """
         deadline = self.clock() + deadline_ms / 1000 if deadline_ms else None
         granted: tuple[str, HandlerRequest] | None = None
         if self.succession.outgoing is None:
             granted, told = await self._wait_for_grant(model, priority, api_key, on_admitted, on_position,
-                                                       deadline)
+                                                       deadline, backlog)
             if told:  # a loading stream has already begun and must not begin twice
                 on_admitted = None
         if granted is None:
@@ -76,7 +78,7 @@ class RequestApi:
             async with self.succession.outgoing.successor.acquire(
                 model, priority=priority, api_key=api_key, on_admitted=on_admitted, on_position=on_position,
                 deadline_ms=None if deadline is None else max(1e-3, (deadline - self.clock()) * 1000),
-                on_granted=on_granted,
+                on_granted=on_granted, backlog=backlog,
             ) as process:
                 yield process
             return
@@ -109,6 +111,7 @@ class RequestApi:
         on_admitted: Callable[[ProcessState], None] | None,
         on_position: Callable[[int], None] | None,
         deadline: float | None,
+        backlog: int = 0,
     ) -> tuple[tuple[str, HandlerRequest] | None, bool]:
         """The granted model and request (None: rerouted to a successor), and whether `on_admitted` ran."""
         if self._closing or self._run_task is None:
@@ -117,7 +120,7 @@ class RequestApi:
         waiter = Waiter(loop.create_future(), loop.create_future(), on_position)
         req = HandlerRequest(
             model=model, seq=next(self._seq), arrived=self.clock(), priority=priority,
-            api_key=api_key, handle=waiter, deadline=deadline,
+            api_key=api_key, handle=waiter, deadline=deadline, backlog=max(0, backlog),
         )
         self._unhandled[model] = self._unhandled.get(model, 0) + 1
         self._events.put_nowait(NewRequest(req))

@@ -75,8 +75,8 @@ class QueueScheduler(UrgencyMixin, SchedulerBooks, ABC):
         """A swap to `model` succeeded."""
         return None  # optional hook: only the batch scheduler learns from it
 
-    def _finished(self, model: str) -> None:
-        """A granted request of `model` finished."""
+    def _finished(self, req: HandlerRequest) -> None:
+        """A granted request finished."""
         return None  # optional hook: only the batch scheduler learns from it
 
     # ----------------------------------------------------------------------------- events
@@ -157,7 +157,7 @@ class QueueScheduler(UrgencyMixin, SchedulerBooks, ABC):
             self.times.observe_gap(ev.model, now - mark)
         self._busy_mark[ev.model] = now
         self._release(ev.request)
-        self._finished(ev.model)
+        self._finished(ev.request)
         count = self._in_flight.get(ev.model, 0)
         if count > 1:
             self._in_flight[ev.model] = count - 1

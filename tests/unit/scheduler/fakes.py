@@ -46,12 +46,13 @@ class RequestFactory:
         self._seq = itertools.count(1)
 
     def make(self, model: str, *, priority: int = 0, api_key: str | None = None,
-             deadline_in: float | None = None) -> HandlerRequest:
-        """`deadline_in`: seconds from now by which it should be served (X-Deadline-Ms / 1000)."""
+             deadline_in: float | None = None, backlog: int = 0) -> HandlerRequest:
+        """`deadline_in`: seconds from now by which it should be served (X-Deadline-Ms / 1000); `backlog`:
+        requests its client has queued behind it (a task lane's hint)."""
         now = self._clock()
         return HandlerRequest(
             model=model, seq=next(self._seq), arrived=now, priority=priority, api_key=api_key,
-            deadline=None if deadline_in is None else now + deadline_in,
+            deadline=None if deadline_in is None else now + deadline_in, backlog=backlog,
         )
 
 
