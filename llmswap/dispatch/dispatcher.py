@@ -27,6 +27,7 @@ from llmswap.dispatch.filters import apply_plan, local_plan
 from llmswap.dispatch.pool import UpstreamPool, send
 from llmswap.process.state import ProcessState
 from llmswap.router.base import BaseRouter
+from llmswap.router.requests import Backlog
 from llmswap.router.types import ProcessLike
 
 log = logging.getLogger("llmswap.dispatch")
@@ -108,7 +109,7 @@ class Dispatcher:
         on_position: Callable[[int], None] | None = None,
         deadline_ms: float | None = None,
         on_granted: Callable[[float], None] | None = None,
-        backlog: int = 0,
+        backlog: Backlog = 0,
     ) -> AsyncIterator[Lease]:
         """Wait until `model` may serve and yield its lease; the router's `SchedulerError`s go through.
 
@@ -146,13 +147,13 @@ class Dispatcher:
         requested: str,
         origin: Origin,
         priority: int = 0,
-        backlog: int = 0,
+        backlog: Backlog = 0,
     ) -> UpstreamAnswer:
         """POST `body` (after the model's filters, as the client named it `requested`) and read the answer.
 
         `backlog`: how many more requests for `model` the caller has queued behind this one (a task type's
-        durable queue): the router's scheduler plans with it. Raises the router's `SchedulerError`, or
-        `UpstreamUnreachable` when the model does not answer.
+        durable queue), or a function that reads it: the router's scheduler plans with it. Raises the
+        router's `SchedulerError`, or `UpstreamUnreachable` when the model does not answer.
         """
         async with self.lease(model, origin=origin, priority=priority, backlog=backlog) as lease:
             filtered, _ = apply_plan(body, local_plan(lease.config, requested))

@@ -166,9 +166,9 @@ class BatchScheduler(QueueScheduler):
         latest = first_latest_start(others, self.settings.max_wait) - self.times.service_upper(model)
         self._residency[model] = max(0.0, latest - now)
 
-    def _finished(self, req: HandlerRequest) -> None:
+    def _finished(self, req: HandlerRequest, backlog: int) -> None:
         self.gaps.finished(req.model, self._clock())
-        self._promised[req.model] = req.backlog  # its client's next request is on its way
+        self._promised[req.model] = backlog  # its client's next request is on its way
 
     def _after_removal(self) -> None:
         super()._after_removal()

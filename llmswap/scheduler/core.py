@@ -75,8 +75,8 @@ class QueueScheduler(UrgencyMixin, SchedulerBooks, ABC):
         """A swap to `model` succeeded."""
         return None  # optional hook: only the batch scheduler learns from it
 
-    def _finished(self, req: HandlerRequest) -> None:
-        """A granted request finished."""
+    def _finished(self, req: HandlerRequest, backlog: int) -> None:
+        """A granted request finished; `backlog`: how many its client still has queued behind it."""
         return None  # optional hook: only the batch scheduler learns from it
 
     # ----------------------------------------------------------------------------- events
@@ -157,7 +157,7 @@ class QueueScheduler(UrgencyMixin, SchedulerBooks, ABC):
             self.times.observe_gap(ev.model, now - mark)
         self._busy_mark[ev.model] = now
         self._release(ev.request)
-        self._finished(ev.request)
+        self._finished(ev.request, ev.request.backlog if ev.backlog is None else ev.backlog)
         count = self._in_flight.get(ev.model, 0)
         if count > 1:
             self._in_flight[ev.model] = count - 1

@@ -59,6 +59,7 @@ class ServeDone:
 
     model: str
     request: HandlerRequest
+    backlog: int | None = None  # its client's backlog as it ended (a task lane's queue now); None: as it came
 
 
 @dataclass(frozen=True)

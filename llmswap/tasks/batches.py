@@ -234,7 +234,8 @@ class Batches:
         requested = str(params.get("model") or model)
         path = str(params.get("url") or "/v1/chat/completions")
         answer = await self.service.dispatcher.post_json(
-            model, path, body, requested=requested, origin="batch", priority=self.service.tasks.priority
+            model, path, body, requested=requested, origin="batch", priority=self.service.tasks.priority,
+            backlog=lambda: self.service.lanes.depth(row.task_type),  # the rest of the batch, for the router
         )
         status, text = answer.status, answer.text
         try:

@@ -3,10 +3,11 @@
 The task queue is a client of the router: its lanes (`lanes.py`, asyncio, on the server's loop) send each
 task's params (an OpenAI request body) down the one dispatch path HTTP requests take, so tasks share
 swapping, queueing, priorities, filters and timeouts with HTTP traffic (at `tasks.priority`, below
-interactive requests by default), and which types run side by side is the router's eviction policy's
-answer. Rows written by the CLI while the server runs are picked up by a poll of the database. The OpenAI
-Batch API (`batches.py`) adds `batch:<model>` types beside the configured ones, and the same poll
-finishes the batches whose requests are all done.
+interactive requests by default). Each request carries its type's queue depth as a backlog hint, so which
+type runs next and which run side by side is the router's scheduler's and swapper's answer. Rows written
+by the CLI while the server runs are picked up by a poll of the database. The OpenAI Batch API
+(`batches.py`) adds `batch:<model>` types beside the configured ones, and the same poll finishes the
+batches whose requests are all done.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Collection, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +94,7 @@ class TaskService:
         # `batch:<model>` task types of the Batch API in use (type -> model): they outlive reloads.
         self._batch_types: dict[str, str] = {}
         self.lanes = TaskLanes(
-            self.db, claiming(self.db, self._run), model_of=self._model_of, fits=self._fit_together,
-            max_queue_depth=self.tasks.max_queue_depth,
+            self.db, claiming(self.db, self._run), max_queue_depth=self.tasks.max_queue_depth,
         )
         self.batches = Batches(self)
 
@@ -151,13 +151,6 @@ class TaskService:
 
     def _all_types(self) -> list[str]:
         return [*self.tasks.types, *self._batch_types]
-
-    def _fit_together(self, models: Collection[str]) -> bool:
-        return bool(self._router_of().fit_together(models))
-
-    def _model_of(self, task_type: str) -> str | None:
-        configured = self.tasks.types.get(task_type)
-        return configured.model if configured is not None else self._batch_types.get(task_type)
 
     def router_of(self) -> Any:
         return self._router_of()
@@ -241,7 +234,8 @@ class TaskService:
         body["stream"] = False
         try:
             answer = await self.dispatcher.post_json(
-                task_type.model, path, body, requested=requested, origin="task", priority=self.tasks.priority
+                task_type.model, path, body, requested=requested, origin="task", priority=self.tasks.priority,
+                backlog=lambda: self.lanes.depth(row.task_type),
             )
         except UpstreamUnreachable as exc:
             raise TaskError(str(exc)) from exc

@@ -155,11 +155,11 @@ class FakeEffects:
         self.states[model] = ProcessState.STOPPED if error is not None else ProcessState.READY
         sched.on_swap_done(SwapDone(model, error, duration))
 
-    def finish_serving(self, sched: Scheduler, req: HandlerRequest) -> None:
-        """The granted request's response ended: post its ServeDone."""
+    def finish_serving(self, sched: Scheduler, req: HandlerRequest, backlog: int | None = None) -> None:
+        """The granted request's response ended: post its ServeDone (`backlog`: its client's, by then)."""
         grant = self.serve_grant(req)
         assert grant is not None and grant.received, "only a received grant posts ServeDone"
-        sched.on_serve_done(ServeDone(grant.model, req))
+        sched.on_serve_done(ServeDone(grant.model, req, backlog))
 
     def complete_stop(self, sched: Scheduler, index: int = -1) -> None:
         """The processes of one `stop_processes` call are dead."""

@@ -123,3 +123,15 @@ def test_an_announced_backlog_that_never_comes_holds_the_model_no_longer_than_ma
     world.advance(1.5)  # b waited past maxWait: its model goes, announced backlog or not
     assert world.started() == ["b"]
     assert world.effects.is_pending(waiting)  # it waits on the swap now
+
+
+def test_batch_holds_a_model_whose_backlog_grew_while_its_request_ran() -> None:
+    # The lane's first task went out with nothing behind it; two more were queued before it finished.
+    world = World()
+    first = world.req("c", backlog=0)
+    world.req("b")
+    world.effects.finish_serving(world.sched, first, backlog=2)
+    world.advance(0.2)
+    assert world.started() == []
+    second = world.req("c", backlog=1)
+    assert world.effects.was_served(second)
