@@ -117,7 +117,6 @@ class BatchScheduler(QueueScheduler):
         self._loaded_at: dict[str, float] = {}  # when each model's last successful swap finished
         self._residency: dict[str, float] = {}  # the cap on each model's minimum residency, set at its load
         self._making_room: frozenset[str] = frozenset()  # ready models that take no new requests
-        self._promised: dict[str, int] = {}  # the backlog the last finished request of each model announced
         self._wake: float | None = None  # when the plan must be looked at again
 
     # ----------------------------------------------------------------------------- policy hooks
@@ -153,7 +152,7 @@ class BatchScheduler(QueueScheduler):
 
     def _loaded(self, model: str, duration: float) -> None:
         self._loaded_at[model] = self._clock()
-        self._promised.pop(model, None)  # announced for an earlier residency
+        self._announce(model, 0)  # announced for an earlier residency
         self.rates.loaded(model, self._clock())
         # Capped at its load: a residency longer than the waiting models' latest start would push them
         # past maxWait + load (the planner may have counted on a shorter one before holding paid).
@@ -166,9 +165,8 @@ class BatchScheduler(QueueScheduler):
         latest = first_latest_start(others, self.settings.max_wait) - self.times.service_upper(model)
         self._residency[model] = max(0.0, latest - now)
 
-    def _finished(self, req: HandlerRequest, backlog: int) -> None:
-        self.gaps.finished(req.model, self._clock())
-        self._promised[req.model] = backlog  # its client's next request is on its way
+    def _finished(self, model: str) -> None:
+        self.gaps.finished(model, self._clock())
 
     def _after_removal(self) -> None:
         super()._after_removal()
@@ -357,12 +355,12 @@ class BatchScheduler(QueueScheduler):
 
     def _hold_factor(self, model: str, now: float) -> float:
         """1 when its last finished request, or one in flight, announced a backlog; else as measured."""
-        announced = self._promised.get(model) or any(r.backlog for r in self._serving() if r.model == model)
+        announced = self._announced(model) or any(r.backlog for r in self._serving() if r.model == model)
         return 1.0 if announced else self.rates.hold_factor(model, now)
 
     def _busy(self, model: str) -> bool:  # an announced backlog comes next (maxWait bounds the wait for it)
         return bool(self._in_flight_of(model) or self._loading(model) or self._queued_for(model)
-                    or self._promised.get(model))
+                    or self._announced(model))
 
     def _idle(self, model: str, now: float) -> bool:
         """Nothing in flight, waiting or announced, not loading, and its last request's grace is over."""

@@ -1,8 +1,9 @@
 """Backlog hints: a task lane's one request at the router carries the depth of its type's durable queue.
 
 The batch scheduler counts the hint in its model's depth (the deepest task queue loads first among models
-of equal priority) and keeps a model whose request announced more until they came, within maxWait; FIFO
-keeps arrival order. Driven event by event against FakeEffects and a manual clock; one model at a time.
+of equal priority); both schedulers keep a model whose request announced more until its next one came
+(within `ANNOUNCED_GRACE`, and maxWait), and FIFO keeps arrival order. Driven event by event against
+FakeEffects and a manual clock; one model at a time.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from llmswap.config.model import DEFAULT_GROUP_ID, BatchSettings, GroupConfig
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.arrivals import DEFAULT_CLOSEDNESS, ArrivalRates
 from llmswap.scheduler.batch import RULE_DEEPEST, BatchScheduler
+from llmswap.scheduler.books import ANNOUNCED_GRACE
 from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.fifo import FifoScheduler
 from llmswap.scheduler.idle import GRACE_MAX
@@ -113,7 +115,7 @@ def test_batch_serves_an_announced_backlog_before_swapping() -> None:
     assert world.started() == ["b"]
 
 
-def test_an_announced_backlog_that_never_comes_holds_the_model_no_longer_than_max_wait() -> None:
+def test_batch_holds_a_model_whose_announced_request_never_comes_no_longer_than_max_wait() -> None:
     world = World(max_wait=3.0, min_residency=1.0)
     first = world.req("c", backlog=5)
     waiting = world.req("b")
@@ -135,3 +137,28 @@ def test_batch_holds_a_model_whose_backlog_grew_while_its_request_ran() -> None:
     assert world.started() == []
     second = world.req("c", backlog=1)
     assert world.effects.was_served(second)
+
+
+def test_fifo_serves_an_announced_next_request_before_evicting_its_model() -> None:
+    world = World(fifo=True)
+    first = world.req("c", backlog=1)
+    waiting = world.req("b")
+    world.effects.finish_serving(world.sched, first)
+    world.advance(0.2)
+    assert world.started() == []
+    last = world.req("c", backlog=0)
+    assert world.effects.was_served(last)
+    world.effects.finish_serving(world.sched, last)
+    assert world.started() == ["b"]  # nothing more announced: the queue goes on in arrival order
+    assert world.effects.is_pending(waiting)
+
+
+def test_fifo_evicts_a_model_whose_announced_request_never_came_after_the_grace() -> None:
+    world = World(fifo=True)
+    first = world.req("c", backlog=3)
+    world.req("b")
+    world.effects.finish_serving(world.sched, first)
+    world.advance(ANNOUNCED_GRACE / 2)
+    assert world.started() == []
+    world.advance(ANNOUNCED_GRACE)
+    assert world.started() == ["b"]
