@@ -3,12 +3,12 @@
 A lane runs its type's tasks one after another, oldest first (FIFO within a type), until its queue is
 empty; tasks queued meanwhile join it. The lanes do not choose among task types: in server mode every type
 with queued work gets a lane at once, and each lane keeps one request outstanding at the router (the task
-in hand, sent down the one dispatch path at the tasks' priority) carrying the depth of its type's queue as
-a backlog hint (`backlog`). Which type runs next, and how many run side by side, is then the router's
-scheduler's and swapper's answer: the batch scheduler loads the model with the deepest queue first and
-keeps serving its backlog before swapping (within maxWait), and a lane whose model fits beside the running
-ones is simply granted. A program without a router (the Peregrine adapter, `batching.py`) passes its own
-`chooser` instead: which waiting types may start now.
+in hand, at the tasks' priority; `TaskService` claims its row once granted) carrying the depth of its
+type's queue as a backlog hint. Which type runs next, and how many run side by side, is then the router's
+scheduler's and swapper's answer: a lane whose model fits beside the running ones is simply granted; a
+model whose lane announced more is not evicted before they came; the batch scheduler loads the model with
+the deepest queue first (within maxWait). A program without a router (the Peregrine adapter,
+`batching.py`) passes its own `chooser` instead: which waiting types may start now.
 
 No threads and no locks: every method runs on the event loop; the database calls go to a worker thread
 (`asyncio.to_thread`), so SQLite never blocks the loop.

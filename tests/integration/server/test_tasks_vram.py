@@ -2,8 +2,8 @@
 
 Two types whose models fit on the GPU together run their batches side by side (the swapper evicts nothing,
 so either scheduler grants both lanes at once); two that do not run one batch after the other, each model
-loaded once: the batch scheduler, told each type's queue depth by its lane, serves one type's backlog before
-it swaps (FIFO serves them in arrival order, one swap per task). The GPU is faked (the demo writes its
+loaded once: each lane tells the router's scheduler its type's queue depth, and the scheduler serves one
+type's announced backlog before it swaps. The GPU is faked (the demo writes its
 footprint where a FakeReader reads it, as NVML would report it); everything else is real.
 """
 
@@ -112,11 +112,12 @@ async def test_two_task_types_whose_models_fit_together_run_side_by_side(
     assert stats["batches_started"] == {"letters": 1, "research": 1}
 
 
+@pytest.mark.parametrize("scheduler", ["fifo", "batch"])
 @pytest.mark.parametrize("gpu_total", [6 * GiB], ids=["room-for-one"])
 async def test_two_task_types_whose_models_do_not_fit_together_run_one_batch_at_a_time(
-    tmp_path: Path, serve_config: ServeConfig, http: aiohttp.ClientSession, gpu_total: int
+    tmp_path: Path, serve_config: ServeConfig, http: aiohttp.ClientSession, gpu_total: int, scheduler: str
 ) -> None:
-    residency, stats = await run_both_types(tmp_path, serve_config, http, gpu_total, "batch")
+    residency, stats = await run_both_types(tmp_path, serve_config, http, gpu_total, scheduler)
     assert residency.most == 1
     assert residency.loads == {"a": 1, "b": 1}  # each type's tasks in one batch: no swap back and forth
     assert stats["batches_started"] == {"letters": 1, "research": 1}
