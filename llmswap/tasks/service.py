@@ -26,7 +26,7 @@ from typing import Any
 from llmswap.config.model import Config, TasksConfig
 from llmswap.dispatch import Dispatcher, UpstreamUnreachable
 from llmswap.dispatch.dispatcher import Lease, Origin
-from llmswap.scheduler.errors import SchedulerError
+from llmswap.scheduler.errors import Preempted, SchedulerError, ShuttingDown
 from llmswap.tasks.batch_store import BATCH_TYPE_PREFIX, batch_types_queued, init_batch_tables
 from llmswap.tasks.batches import Batches
 from llmswap.tasks.db import (
@@ -34,6 +34,7 @@ from llmswap.tasks.db import (
     TaskStatus,
     cancel_task,
     fail_unfinished_task,
+    get_task,
     init_db,
     insert_task,
     queued_tasks,
@@ -44,7 +45,8 @@ from llmswap.tasks.lanes import Queued, TaskLanes, claiming, log_failure
 
 log = logging.getLogger("llmswap.tasks")
 
-# The router's grant a lane holds for the task it runs (set around its claim and POST, in the lane's task).
+
+# The router's grant a lane holds for the task in hand, set around its claim and POST (in the lane's task).
 _GRANT: contextvars.ContextVar[Lease | None] = contextvars.ContextVar("llmswap_task_grant", default=None)
 
 
@@ -243,19 +245,35 @@ class TaskService:
             await self._claim_and_run(task_type, item)  # fails the row: its type is gone
             return
         origin: Origin = "batch" if task_type.startswith(BATCH_TYPE_PREFIX) else "task"
-        try:
-            async with self.dispatcher.lease(
-                model, origin=origin, priority=self.tasks.priority,
-                backlog=lambda: self.lanes.depth(task_type),  # what the lane has queued behind this task
-            ) as lease:
-                token = _GRANT.set(lease)
-                try:
-                    await self._claim_and_run(task_type, item)
-                finally:
-                    _GRANT.reset(token)
-        except SchedulerError as exc:  # the router refused it (unknown model, a limit, shutting down...)
-            log.warning("task %d (%s) failed: %s", item.id, task_type, exc)
-            await asyncio.to_thread(fail_unfinished_task, self.db, item.id, f"{type(exc).__name__}: {exc}")
+        while True:
+            try:
+                async with self.dispatcher.lease(
+                    model, origin=origin, priority=self.tasks.priority,
+                    backlog=lambda: self.lanes.depth(task_type),  # what the lane has queued behind this task
+                ) as lease:
+                    token = _GRANT.set(lease)
+                    try:
+                        await self._claim_and_run(task_type, item)
+                    finally:
+                        _GRANT.reset(token)
+                return
+            except Preempted as exc:
+                row = await asyncio.to_thread(get_task, self.db, item.id)
+                if row is not None and row.status is TaskStatus.QUEUED:
+                    continue  # preempted before its row was claimed: it never started; ask again
+                log.warning("task %d (%s) failed: %s", item.id, task_type, exc)
+                await self._fail(item.id, exc)  # its upstream call was abandoned
+                return
+            except ShuttingDown:
+                log.info("task %d (%s) stays queued: the router is shutting down", item.id, task_type)
+                return
+            except SchedulerError as exc:  # the router refused it (unknown model, a limit...)
+                log.warning("task %d (%s) failed: %s", item.id, task_type, exc)
+                await self._fail(item.id, exc)
+                return
+
+    async def _fail(self, task_id: int, exc: Exception) -> None:
+        await asyncio.to_thread(fail_unfinished_task, self.db, task_id, f"{type(exc).__name__}: {exc}")
 
     async def _run(self, row: TaskRow) -> Any:
         if row.task_type.startswith(BATCH_TYPE_PREFIX):
