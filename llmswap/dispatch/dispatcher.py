@@ -147,40 +147,32 @@ class Dispatcher:
         requested: str,
         origin: Origin,
         priority: int = 0,
-        backlog: Backlog = 0,
         lease: Lease | None = None,
     ) -> UpstreamAnswer:
         """POST `body` (after the model's filters, as the client named it `requested`) and read the answer.
 
-        `backlog`: how many more requests for `model` the caller has queued behind this one (a task type's
-        durable queue), or a function that reads it: the router's scheduler plans with it. `lease`: one the
-        caller already holds for `model` (a task claims its row only once granted); without it the model is
-        acquired here. Raises the router's `SchedulerError`, or `UpstreamUnreachable` when the model does
-        not answer.
+        `lease`: one the caller already holds for `model` (a task claims its row only once granted, and tells
+        the router its queue's depth); without it the model is acquired here. Raises the router's
+        `SchedulerError`, or `UpstreamUnreachable` when the model does not answer.
         """
-        if lease is not None:
-            return await self._post(model, lease, path, body, requested)
-        async with self.lease(model, origin=origin, priority=priority, backlog=backlog) as held:
-            return await self._post(model, held, path, body, requested)
-
-    async def _post(
-        self, model: str, lease: Lease, path: str, body: Mapping[str, Any], requested: str
-    ) -> UpstreamAnswer:
-        filtered, _ = apply_plan(body, local_plan(lease.config, requested))
-        url = URL(lease.config.proxy.rstrip("/") + path)
-        data = json.dumps(filtered, ensure_ascii=False, separators=(",", ":")).encode()
-        limit = lease.response_header_timeout
-        headers = CIMultiDict({"Content-Type": "application/json"})
-        try:
-            response = await send(lease.session, "POST", url, headers, data, limit)
-        except TimeoutError as exc:
-            raise UpstreamUnreachable(
-                f"{model} sent no response headers within {limit:g}s (timeouts.responseHeader)"
-            ) from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamUnreachable(f"{model} could not be reached: {exc}") from exc
-        try:
-            async with response:
-                return UpstreamAnswer(response.status, await response.text())
-        except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamUnreachable(f"{model} broke off its answer: {exc}") from exc
+        held = contextlib.nullcontext(lease) if lease is not None else self.lease(
+            model, origin=origin, priority=priority)
+        async with held as lease:
+            filtered, _ = apply_plan(body, local_plan(lease.config, requested))
+            url = URL(lease.config.proxy.rstrip("/") + path)
+            data = json.dumps(filtered, ensure_ascii=False, separators=(",", ":")).encode()
+            limit = lease.response_header_timeout
+            headers = CIMultiDict({"Content-Type": "application/json"})
+            try:
+                response = await send(lease.session, "POST", url, headers, data, limit)
+            except TimeoutError as exc:
+                raise UpstreamUnreachable(
+                    f"{model} sent no response headers within {limit:g}s (timeouts.responseHeader)"
+                ) from exc
+            except (aiohttp.ClientError, OSError) as exc:
+                raise UpstreamUnreachable(f"{model} could not be reached: {exc}") from exc
+            try:
+                async with response:
+                    return UpstreamAnswer(response.status, await response.text())
+            except (aiohttp.ClientError, OSError) as exc:
+                raise UpstreamUnreachable(f"{model} broke off its answer: {exc}") from exc

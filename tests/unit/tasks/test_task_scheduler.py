@@ -125,8 +125,7 @@ def test_new_tasks_picked_up_mid_batch(make_scheduler: SchedulerFactory) -> None
     first_id: list[int] = []
 
     def hold_first(call: Call) -> None:
-        # The first call is the first task: its id may not be recorded yet when the worker already runs it.
-        if not first_running.is_set():
+        if call.task_id == first_id[0]:
             first_running.set()
             assert release_first.wait(WAIT)
 
@@ -440,8 +439,7 @@ def test_cancelled_task_is_skipped_by_the_worker(make_scheduler: SchedulerFactor
     first: list[int] = []
 
     def hold_first(call: Call) -> None:
-        # The first call is the first task: its id may not be recorded yet when the worker already runs it.
-        if not holding.is_set():
+        if call.task_id == first[0]:
             holding.set()
             assert release.wait(WAIT)
 
