@@ -29,6 +29,7 @@ from llmswap.dispatch.filters import apply_plan, local_plan
 from llmswap.dispatch.pool import UpstreamPool, send
 from llmswap.process.state import ProcessState
 from llmswap.router.base import BaseRouter
+from llmswap.router.requests import Backlog
 from llmswap.router.types import ProcessLike
 
 log = logging.getLogger("llmswap.dispatch")
@@ -112,6 +113,7 @@ class Dispatcher:
         on_position: Callable[[int], None] | None = None,
         deadline_ms: float | None = None,
         on_granted: Callable[[float], None] | None = None,
+        backlog: Backlog = 0,
     ) -> AsyncIterator[Lease]:
         """Wait until `model` may serve and yield its lease; the router's `SchedulerError`s go through.
 
@@ -123,7 +125,7 @@ class Dispatcher:
         try:
             async with (router or self._router_of()).acquire(
                 model, priority=priority, api_key=api_key, on_admitted=on_admitted, on_position=on_position,
-                deadline_ms=deadline_ms, on_granted=on_granted,
+                deadline_ms=deadline_ms, on_granted=on_granted, backlog=backlog,
             ) as process:
                 waited = self._clock() - asked
                 yield Lease(process, self.pool.session(process.id, process.config.timeouts), waited)
@@ -149,15 +151,18 @@ class Dispatcher:
         requested: str,
         origin: Origin,
         priority: int = 0,
+        lease: Lease | None = None,
     ) -> UpstreamAnswer:
         """POST `body` (after the model's filters, as the client named it `requested`) and read the answer.
 
-        Raises the router's `SchedulerError`, or `UpstreamUnreachable` when the model does not answer.
+        `lease`: one the caller already holds for `model` (a task claims its row only once granted, and tells
+        the router its queue's depth); without it the model is acquired here. Raises the router's
+        `SchedulerError`, or `UpstreamUnreachable` when the model does not answer.
         """
         recording = None if self.recorder is None else self.recorder.begin(
             RequestFacts(model=model, req_path=path, requested_model=requested, origin=origin))
         try:
-            answer = await self._post_json(model, path, body, requested, origin, priority, recording)
+            answer = await self._post_json(model, path, body, requested, origin, priority, lease, recording)
         except BaseException as exc:
             if recording is not None:  # refused by the router, unreachable, or cancelled
                 status = 502 if isinstance(exc, UpstreamUnreachable) else getattr(exc, "status", 500)
@@ -175,9 +180,12 @@ class Dispatcher:
         requested: str,
         origin: Origin,
         priority: int,
+        lease: Lease | None,
         recording: Recording | None,
     ) -> UpstreamAnswer:
-        async with self.lease(model, origin=origin, priority=priority) as lease:
+        held = contextlib.nullcontext(lease) if lease is not None else self.lease(
+            model, origin=origin, priority=priority)
+        async with held as lease:
             if recording is not None:
                 recording.waited(lease.waited)
             filtered, _ = apply_plan(body, local_plan(lease.config, requested))

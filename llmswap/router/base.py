@@ -16,7 +16,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from llmswap.config.model import Config, ModelConfig
@@ -44,7 +44,6 @@ from llmswap.router.types import (
 from llmswap.router.types import SwapFinished as SwapFinished
 from llmswap.router.types import SwapStarted as SwapStarted
 from llmswap.scheduler.errors import ShuttingDown
-from llmswap.scheduler.fit import fit_together as swapper_fits
 from llmswap.scheduler.types import (
     ProcessStopped,
     Scheduler,
@@ -202,10 +201,6 @@ class BaseRouter(RequestApi, RouterEffects):
 
     def snapshot(self) -> SchedulerSnapshot:
         return self.scheduler.snapshot()
-
-    def fit_together(self, models: Collection[str]) -> bool:
-        """Whether `models` may all run at once by this router's eviction policy (read only)."""
-        return len(set(models)) <= 1 if self.swapper is None else swapper_fits(self.swapper, models)
 
     def model_extras(self, model: str) -> dict[str, Any]:
         """Router-specific facts about a model for /running and /v1/models (vram: its footprint)."""

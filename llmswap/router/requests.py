@@ -18,6 +18,9 @@ from llmswap.router.types import CancelRequest, NewRequest, ProcessLike, Reroute
 from llmswap.scheduler.errors import Preempted, ShuttingDown
 from llmswap.scheduler.types import HandlerRequest, ModelLoad, Scheduler, ServeDone
 
+# How many more requests for the model the caller has queued behind this one, or a function that reads it.
+Backlog = int | Callable[[], int]
+
 
 class RequestApi:
     """`acquire` and `load_of` over the router's run loop (see the module docstring)."""
@@ -54,19 +57,22 @@ class RequestApi:
         on_position: Callable[[int], None] | None = None,
         deadline_ms: float | None = None,
         on_granted: Callable[[float], None] | None = None,
+        backlog: Backlog = 0,
     ) -> AsyncIterator[ProcessLike]:
         """Wait until `model` may serve, yield its process, and report the end of the request.
 
         Raises the `SchedulerError` the scheduler chose (unknown model, limits, failed swap...). Honours
         cancellation at every point: a cancelled waiter leaves the queue and never triggers a swap.
         `deadline_ms`: when it should be served by, after now; `on_granted(load)` is told, once granted,
-        how many seconds of its wait its model spent loading.
+        how many seconds of its wait its model spent loading. `backlog`: how many more requests for `model`
+        its caller has queued behind this one (`HandlerRequest.backlog`), or a function that reads it: read
+        as the request is posted and again as it ends (`ServeDone.backlog`), so the scheduler sees it grow.
         """
         deadline = self.clock() + deadline_ms / 1000 if deadline_ms else None
         granted: tuple[str, HandlerRequest] | None = None
         if self.succession.outgoing is None:
             granted, told = await self._wait_for_grant(model, priority, api_key, on_admitted, on_position,
-                                                       deadline)
+                                                       deadline, backlog)
             if told:  # a loading stream has already begun and must not begin twice
                 on_admitted = None
         if granted is None:
@@ -76,7 +82,7 @@ class RequestApi:
             async with self.succession.outgoing.successor.acquire(
                 model, priority=priority, api_key=api_key, on_admitted=on_admitted, on_position=on_position,
                 deadline_ms=None if deadline is None else max(1e-3, (deadline - self.clock()) * 1000),
-                on_granted=on_granted,
+                on_granted=on_granted, backlog=backlog,
             ) as process:
                 yield process
             return
@@ -102,7 +108,7 @@ class RequestApi:
             # the task does next (a task lane recording this very answer).
             waiter.task = None
             # The scheduler counts it out; a successor waiting for the model learns in _run.
-            self._post(ServeDone(granted_model, req))
+            self._post(ServeDone(granted_model, req, _read(backlog)))
 
     async def _wait_for_grant(
         self,
@@ -112,6 +118,7 @@ class RequestApi:
         on_admitted: Callable[[ProcessState], None] | None,
         on_position: Callable[[int], None] | None,
         deadline: float | None,
+        backlog: Backlog = 0,
     ) -> tuple[tuple[str, HandlerRequest] | None, bool]:
         """The granted model and request (None: rerouted to a successor), and whether `on_admitted` ran."""
         if self._closing or self._run_task is None:
@@ -120,7 +127,7 @@ class RequestApi:
         waiter = Waiter(loop.create_future(), loop.create_future(), on_position)
         req = HandlerRequest(
             model=model, seq=next(self._seq), arrived=self.clock(), priority=priority,
-            api_key=api_key, handle=waiter, deadline=deadline,
+            api_key=api_key, handle=waiter, deadline=deadline, backlog=_read(backlog),
         )
         self._unhandled[model] = self._unhandled.get(model, 0) + 1
         self._events.put_nowait(NewRequest(req))
@@ -153,6 +160,10 @@ class RequestApi:
         ahead = self._unhandled.get(model, 0)
         return ModelLoad(state, counts.in_flight.get(model, 0), counts.waiting.get(model, 0) + ahead,
                          model in counts.loading, self.scheduler.accepts(model, ahead))
+
+
+def _read(backlog: Backlog) -> int:
+    return max(0, backlog() if callable(backlog) else backlog)
 
 
 def _succeeded(fut: asyncio.Future[Any]) -> bool:

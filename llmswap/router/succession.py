@@ -30,6 +30,9 @@ class SuccessorRouter(Protocol):
         api_key: str | None = None,
         on_admitted: Callable[[ProcessState], None] | None = None,
         on_position: Callable[[int], None] | None = None,
+        deadline_ms: float | None = None,
+        on_granted: Callable[[float], None] | None = None,
+        backlog: int | Callable[[], int] = 0,
     ) -> contextlib.AbstractAsyncContextManager[ProcessLike]: ...
     async def unload(self, models: Iterable[str] | None = None, timeout: float | None = None) -> None: ...
     def on_process_event(self, event: ProcessEvent) -> None: ...

@@ -41,6 +41,10 @@ so batch never does worse than FIFO there. It starts that way and holds once a m
 measured to wait for it. A residency is capped at its load so that it never pushes a waiting
 request past maxWait + one load (unless minResidency is the longer, which then takes precedence).
 
+Backlog hints (`HandlerRequest.backlog`, a task type's durable queue): a model's depth counts them (the
+deepest queue wins among equals); a model whose request announced more is held as a closed loop, within
+maxWait.
+
 Timers (deadlines, ends of minimum residency, ends of idle grace, queue timeouts) are reported by
 `next_deadline()` and acted on in `on_tick()`; the scheduler never sleeps or reads the wall clock.
 """
@@ -148,6 +152,7 @@ class BatchScheduler(QueueScheduler):
 
     def _loaded(self, model: str, duration: float) -> None:
         self._loaded_at[model] = self._clock()
+        self._announce(model, 0)  # announced for an earlier residency
         self.rates.loaded(model, self._clock())
         # Capped at its load: a residency longer than the waiting models' latest start would push them
         # past maxWait + load (the planner may have counted on a shorter one before holding paid).
@@ -312,7 +317,7 @@ class BatchScheduler(QueueScheduler):
             due = min(dues) if dues else None
         return Contender(
             model=model,
-            depth=len(reqs),
+            depth=sum(1 + r.backlog for r in reqs),  # a backlog hint counts as requests queued behind it
             oldest=min(r.arrived for r in reqs),
             model_priority=self._model_priority(model),
             request_priority=top,
@@ -329,7 +334,7 @@ class BatchScheduler(QueueScheduler):
         if not self._preemption.models().isdisjoint(victims):
             return 0.0  # issue 16: what is in its way was preempted for it
         now = self._clock()
-        closed = max((self.rates.hold_factor(v, now) for v in victims), default=1.0)
+        closed = max((self._hold_factor(v, now) for v in victims), default=1.0)
         return self.settings.max_wait * closed
 
     def _slot(self, model: str) -> float:
@@ -340,7 +345,7 @@ class BatchScheduler(QueueScheduler):
         """
         service = self.times.service_upper(model)
         returning = self.gaps.returning(model)
-        residency = self.settings.min_residency * self.rates.hold_factor(model, self._clock())
+        residency = self.settings.min_residency * self._hold_factor(model, self._clock())
         if_returning = max(residency, service)
         if_not = service + self.gaps.grace(model)
         expected = returning * if_returning + (1 - returning) * min(if_returning, if_not)
@@ -348,9 +353,18 @@ class BatchScheduler(QueueScheduler):
 
     # ----------------------------------------------------------------------------- model status
 
+    def _hold_factor(self, model: str, now: float) -> float:
+        """1 when its last finished request, or one in flight, announced a backlog; else as measured."""
+        announced = self._announced(model) or any(r.backlog for r in self._serving() if r.model == model)
+        return 1.0 if announced else self.rates.hold_factor(model, now)
+
+    def _busy(self, model: str) -> bool:  # an announced backlog comes next (maxWait bounds the wait for it)
+        return bool(self._in_flight_of(model) or self._loading(model) or self._queued_for(model)
+                    or self._announced(model))
+
     def _idle(self, model: str, now: float) -> bool:
-        """Nothing in flight or waiting, not loading, and the grace after its last request is over."""
-        if self._in_flight_of(model) or self._loading(model) or self._queued_for(model):
+        """Nothing in flight, waiting or announced, not loading, and its last request's grace is over."""
+        if self._busy(model):
             return False
         quiet_from = self.gaps.quiet_from(model)
         return quiet_from is None or now >= quiet_from
@@ -366,12 +380,12 @@ class BatchScheduler(QueueScheduler):
 
     def _residency_of(self, model: str, now: float) -> float:
         """minResidency, scaled by whether holding `model` pays, within the cap set at its load."""
-        held = self.settings.min_residency * self.rates.hold_factor(model, now)
+        held = self.settings.min_residency * self._hold_factor(model, now)
         return min(held, self._residency.get(model, held))
 
     def _quiet_wakes(self, model: str) -> list[float]:
         """When `model` may turn idle without any event: the end of its grace, if nothing else holds it."""
-        if self._in_flight_of(model) or self._loading(model) or self._queued_for(model):
+        if self._busy(model):
             return []
         quiet_from = self.gaps.quiet_from(model)
         return [] if quiet_from is None else [quiet_from]

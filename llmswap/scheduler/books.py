@@ -12,6 +12,9 @@ Invariants the books keep:
 - A request is in flight (`_granted`) only when `grant_serve` returned True; its `ServeDone`
   ends it. A swap whose waiters all left, or whose model was unloaded, stays "detached" on the
   books until its `SwapDone`, so one model never has two swaps in flight.
+- `_announced_until[model]`: a finished request of `model` announced more behind it (a backlog hint,
+  `HandlerRequest.backlog`); its client's next request is on its way, so neither scheduler evicts the
+  model for another before then — for at most `ANNOUNCED_GRACE`, in case it never comes.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.preemption import Preempting
 from llmswap.scheduler.prioritizers import Prioritizer
 from llmswap.scheduler.types import Clock, Effects, HandlerRequest, Swapper
+
+# Seconds a model stays announced after a request of it finished saying more come (a task lane claims its next
+# task from the database meanwhile: milliseconds); the bound, should the next one never come.
+ANNOUNCED_GRACE = 3.0
 
 
 class Verdict(enum.Enum):
@@ -113,6 +120,7 @@ class SchedulerBooks:
         self._reserved: dict[str, int] = {}  # admitted and not yet finished, errored or cancelled
         self._key_reserved: dict[str, int] = {}  # the same, per API key that has a maxConcurrent
         self._stopping: dict[str, int] = {}  # unloads whose StopDone has not arrived, per model
+        self._announced_until: dict[str, float] = {}  # see the module docstring
         self._shutdown: SchedulerError | None = None
 
     def _holds(self, model: str) -> bool:
@@ -162,6 +170,22 @@ class SchedulerBooks:
     def _unloading(self, model: str) -> bool:
         """Whether an unload of `model` has not finished stopping it."""
         return bool(self._stopping.get(model))
+
+    def _announce(self, model: str, backlog: int) -> None:
+        """A request of `model` finished with `backlog` more of its client's queued behind it."""
+        if backlog > 0:
+            self._announced_until[model] = self._clock() + ANNOUNCED_GRACE
+        else:
+            self._announced_until.pop(model, None)
+
+    def _announced(self, model: str) -> bool:
+        """Whether `model`'s client announced a next request that has not had its grace yet."""
+        until = self._announced_until.get(model)
+        return until is not None and self._clock() < until
+
+    def _announcement_ends(self) -> float | None:
+        now = self._clock()
+        return min((t for t in self._announced_until.values() if t > now), default=None)
 
     def _model_priority(self, model: str) -> int:
         return self._priority.get(model, 0)

@@ -157,6 +157,7 @@ class QueueScheduler(UrgencyMixin, SchedulerBooks, ABC):
             self.times.observe_gap(ev.model, now - mark)
         self._busy_mark[ev.model] = now
         self._release(ev.request)
+        self._announce(ev.model, ev.request.backlog if ev.backlog is None else ev.backlog)
         self._finished(ev.model)
         count = self._in_flight.get(ev.model, 0)
         if count > 1:
@@ -228,8 +229,8 @@ class QueueScheduler(UrgencyMixin, SchedulerBooks, ABC):
 
     def next_deadline(self) -> float | None:
         late = next_late([r for r in self._waiters() if not self._deadlines.counted(r)], self._remaining)
-        times = [t for t in (self._admission.next_timeout(self._waiters()), self._policy_deadline(), late)
-                 if t is not None]
+        times = [t for t in (self._admission.next_timeout(self._waiters()), self._policy_deadline(), late,
+                             self._announcement_ends()) if t is not None]
         return min(times) if times else None
 
     def on_shutdown(self, err: SchedulerError) -> None:

@@ -3,10 +3,12 @@
 For every request, in order: unknown model → error; over the model's concurrency limit → 429;
 admission bounds (if configured); admitted; a swap already loading the model → join it; ready
 with nothing to evict → serve; would collide with a swap in progress, or stop a model still
-serving → wait in the queue; otherwise start a swap. Swaps whose targets and evict sets do not
-touch each other run in parallel. The queue is re-read, once and in order, whenever something
-that blocked it may have changed. The bookkeeping shared with the batch scheduler lives in
-`llmswap.scheduler.core`.
+serving → wait in the queue; otherwise start a swap. A model whose last request announced a backlog
+(a task lane's queue, `HandlerRequest.backlog`) counts as still serving until its next request came,
+within a few seconds (`ANNOUNCED_GRACE`): the queue keeps arrival order. Swaps whose targets and
+evict sets do not touch each other run in parallel. The queue is re-read, once and in order,
+whenever something that blocked it may have changed. The bookkeeping shared with the batch
+scheduler lives in `llmswap.scheduler.core`.
 
 Where our asyncio contracts differ from llama-swap's Go (on purpose):
 - Stopping for an unload is asynchronous (`StopDone` follows): until it arrives, the unloaded
@@ -73,8 +75,9 @@ class FifoScheduler(QueueScheduler):
         if any(self._unloading(m) for m in evict):
             self._log.debug("%s: %s waits: it would evict a model being unloaded", self.name, req.model)
             return False
-        if any(self._in_flight_of(m) > 0 for m in evict):
-            self._log.debug("%s: %s waits: it would evict a model still serving", self.name, req.model)
+        if any(self._in_flight_of(m) > 0 or self._announced(m) for m in evict):
+            self._log.debug("%s: %s waits: it would evict a model still serving (or whose client announced "
+                            "its next request)", self.name, req.model)
             return False
         waited = self._clock() - req.arrived
         detail = (f"request #{req.seq} waited {waited:.1f}s; running [{', '.join(running)}]; "

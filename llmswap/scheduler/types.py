@@ -29,6 +29,9 @@ class HandlerRequest:
     priority: int = 0  # per-request priority (X-Priority header or the API key's default)
     api_key: str | None = None  # identity for per-key limits; never logged
     deadline: float | None = None  # scheduler clock reading by which it should be served (X-Deadline-Ms...)
+    # Requests of the same client queued behind this one (a task type's durable queue): the batch scheduler
+    # counts them in its model's depth and keeps the model while they come; FIFO ignores it.
+    backlog: int = 0
     handle: Any = None  # the router's waiter; schedulers never touch it
 
 
@@ -56,6 +59,7 @@ class ServeDone:
 
     model: str
     request: HandlerRequest
+    backlog: int | None = None  # its client's backlog as it ended (a task lane's queue now); None: as it came
 
 
 @dataclass(frozen=True)

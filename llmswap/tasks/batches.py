@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from llmswap.config.model import Config, TasksConfig
 from llmswap.dispatch import Dispatcher
+from llmswap.dispatch.dispatcher import Lease
 from llmswap.tasks import batch_store as store
 from llmswap.tasks.batch_input import (
     COMPLETION_WINDOWS,
@@ -226,8 +227,9 @@ class Batches:
 
     # ------------------------------------------------------------------ running one request (event loop)
 
-    async def run(self, row: TaskRow) -> dict[str, Any]:
-        """Send one request of a batch through the router; its status and body, whatever the status."""
+    async def run(self, row: TaskRow, lease: Lease | None = None) -> dict[str, Any]:
+        """Send one request of a batch through the router (on `lease`, the grant its lane holds, if any);
+        its status and body, whatever the status."""
         params: Mapping[str, Any] = row.params if isinstance(row.params, dict) else {}
         model = row.task_type[len(store.BATCH_TYPE_PREFIX):]
         body = dict(params.get("body") or {})
@@ -236,7 +238,8 @@ class Batches:
         requested = str(params.get("model") or model)
         path = str(params.get("url") or "/v1/chat/completions")
         answer = await self.service.dispatcher.post_json(
-            model, path, body, requested=requested, origin="batch", priority=self.service.tasks.priority
+            model, path, body, requested=requested, origin="batch", priority=self.service.tasks.priority,
+            lease=lease,
         )
         status, text = answer.status, answer.text
         try:

@@ -1,13 +1,14 @@
 """The TaskScheduler: LLM tasks batched by type, deepest queue first, under VRAM budgets (synchronous apps).
 
-It runs the server's engine (`lanes.py`: one lane per type with queued work, deepest queue first, a type
-starting only when it fits beside the running ones) on an asyncio loop of its own, in a background thread
-(`LOOP_THREAD_NAME`), so a synchronous program (Streamlit, scripts) calls it like any object. Each batch
-runs its tasks one after another on a worker thread of its own (`BATCH_THREAD_PREFIX` + type), where the
-blocking `RunTaskFn` may take as long as it needs; tasks queued meanwhile join the batch. What fits beside
-what is Peregrine's own rule, its decimal-GB budgets against the VRAM it sees (a server asks its router
-instead). The database (see `db.py`) is the record of each task's status; the lanes only order the
-queued LLM rows.
+It runs the server's engine (`lanes.py`: one lane per type with queued work, FIFO within a type) on an
+asyncio loop of its own, in a background thread (`LOOP_THREAD_NAME`), so a synchronous program (Streamlit,
+scripts) calls it like any object. Each batch runs its tasks one after another on a worker thread of its
+own (`BATCH_THREAD_PREFIX` + type), where the blocking `RunTaskFn` may take as long as it needs; tasks
+queued meanwhile join the batch. A synchronous program has no router to decide which type goes next, so
+this adapter is the lanes' `chooser`, by Peregrine's own rule: deepest queue first, a type starting only
+when its decimal-GB budget fits beside the running ones in the VRAM it sees (a server's lanes leave that
+to the router's scheduler and swapper instead). The database (see `db.py`) is the record of each task's
+status; the lanes only order the queued LLM rows.
 """
 
 from __future__ import annotations
@@ -89,8 +90,8 @@ class TaskScheduler:
         self._workers: dict[str, BatchWorker] = {}
         self._retired: list[BatchWorker] = []
         self._lanes = TaskLanes(
-            self._db_path, self._run_item, model_of=lambda task_type: task_type, fits=self._fits,
-            max_queue_depth=max_queue_depth, on_lane_end=self._lane_ended, running=False,
+            self._db_path, self._run_item, chooser=self._choose, max_queue_depth=max_queue_depth,
+            on_lane_end=self._lane_ended, running=False,
         )
         self._lanes.set_types(self._llm_task_types)
 
@@ -215,6 +216,17 @@ class TaskScheduler:
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._loop.run_forever()
+
+    def _choose(self, waiting: Mapping[str, int], active: Collection[str]) -> list[str]:
+        """The waiting types that start now: deepest queue first (a stable sort keeps the first-queued type
+        first on ties), each one whose budget fits beside the types running and those chosen before it."""
+        chosen: list[str] = []
+        for task_type in sorted(waiting, key=lambda t: waiting[t], reverse=True):
+            running = [*active, *chosen]
+            if running and not self._fits([task_type, *running]):
+                continue  # it waits for the batches it cannot run beside
+            chosen.append(task_type)
+        return chosen
 
     def _fits(self, types: Collection[str]) -> bool:
         needed = math.fsum(self._budgets.get(t, 0.0) for t in types)

@@ -1,12 +1,14 @@
-"""Server mode's task engine: one asyncio lane per task type, on the event loop, a client of the router.
+"""The task engine: one asyncio lane per task type with queued work, on the event loop.
 
-Each type with queued work gets a lane: a task that runs the type's tasks one after another, oldest first,
-until its queue is empty (a batch: the model loads once, and tasks queued meanwhile join). Every task goes
-to the router like an HTTP request (`run_one`: acquire, filters, forward), so the router's scheduler
-decides when it runs beside interactive traffic. Which lanes run side by side is the router's answer too:
-a lane starts, deepest queue first, when its model fits together with the models of the lanes running
-(`fits`: the router's eviction policy — groups, matrix, or the vram router's memory budget), so memory
-is budgeted in one place, and two types whose models cannot run together never ping-pong the GPU.
+A lane runs its type's tasks one after another, oldest first (FIFO within a type), until its queue is
+empty; tasks queued meanwhile join it. The lanes do not choose among task types: in server mode every type
+with queued work gets a lane at once, and each lane keeps one request outstanding at the router (the task
+in hand, at the tasks' priority; `TaskService` claims its row once granted) carrying the depth of its
+type's queue as a backlog hint. Which type runs next, and how many run side by side, is then the router's
+scheduler's and swapper's answer: a lane whose model fits beside the running ones is simply granted; a
+model whose lane announced more is not evicted before they came; the batch scheduler loads the model with
+the deepest queue first (within maxWait). A program without a router (the Peregrine adapter,
+`batching.py`) passes its own `chooser` instead: which waiting types may start now.
 
 No threads and no locks: every method runs on the event loop; the database calls go to a worker thread
 (`asyncio.to_thread`), so SQLite never blocks the loop.
@@ -19,7 +21,7 @@ import dataclasses
 import json
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,9 @@ class Queued:
 
 
 RunItem = Callable[[str, Queued], Awaitable[None]]
+# Which of the waiting types (type -> queue depth, in the order they were first queued) may start a lane
+# now, beside the types whose lanes run: for a program without a router to decide.
+Chooser = Callable[[Mapping[str, int], Collection[str]], Sequence[str]]
 
 
 @dataclass(frozen=True)
@@ -76,16 +81,16 @@ class LanesSnapshot:
 
 
 class TaskLanes:
-    """The lanes of one task service; see the module docstring. `model_of(type)` names a type's model."""
+    """The lanes of one task service; see the module docstring. Without a `chooser` every waiting type
+    starts its lane at once (the router decides what runs)."""
 
     def __init__(
         self,
         db: Path,
         run_item: RunItem,
         *,
-        model_of: Callable[[str], str | None],
-        fits: Callable[[Collection[str]], bool],
         max_queue_depth: int,
+        chooser: Chooser | None = None,
         on_lane_end: Callable[[str], None] | None = None,
         running: bool = True,
     ) -> None:
@@ -93,8 +98,7 @@ class TaskLanes:
         self._run_item = run_item
         self._on_lane_end = on_lane_end
         self._running = running  # False until `begin()`: tasks queue, no lane starts
-        self._model_of = model_of
-        self._fits = fits
+        self._chooser = chooser
         self.max_queue_depth = max_queue_depth
         self._types: frozenset[str] = frozenset()
         self._queues: dict[str, deque[Queued]] = {}
@@ -224,18 +228,11 @@ class TaskLanes:
     def _start_lanes(self) -> None:
         if self._stopping or not self._running:
             return
-        waiting = sorted(
-            (t for t, q in self._queues.items() if q and t not in self._active),
-            key=lambda t: len(self._queues[t]),
-            reverse=True,  # deepest queue first; a stable sort keeps the first-queued type first on ties
-        )
-        for task_type in waiting:
-            model = self._model_of(task_type)
-            running = {m for m in map(self._model_of, self._active) if m is not None}
-            if model is not None and running and not self._fits({model, *running}):
-                continue  # it waits for the lanes whose models it cannot run beside
+        waiting = {t: len(q) for t, q in self._queues.items() if q and t not in self._active}
+        chosen = list(waiting) if self._chooser is None else self._chooser(waiting, tuple(self._active))
+        for task_type in chosen:
             self._batches_started[task_type] = self._batches_started.get(task_type, 0) + 1
-            log.info("tasks: starting a %s batch (%d queued)", task_type, len(self._queues[task_type]))
+            log.info("tasks: starting a %s batch (%d queued)", task_type, waiting[task_type])
             self._active[task_type] = asyncio.get_running_loop().create_task(
                 self._lane(task_type), name=f"tasks-lane:{task_type}"
             )
@@ -283,8 +280,7 @@ def claiming(
 ) -> RunItem:
     """Server mode's task runner: claim the row, run it, record the outcome (a failure never stops a lane).
 
-    A preempted attempt did not run: its row goes back to queued (`preemption.requeue_preempted`, at most
-    `max_preemptions()` times, then failed) and `on_preempted(type, item, requeued)` is told."""
+    A preempted attempt did not run: see `requeue_preempted_task`."""
 
     async def run(task_type: str, item: Queued) -> None:
         try:
@@ -295,7 +291,7 @@ def claiming(
             try:
                 result = await run_one(row)
             except Preempted as exc:
-                await requeue(task_type, item, exc)
+                await requeue_preempted_task(db, task_type, item, exc, max_preemptions(), on_preempted)
                 return
             except Exception as exc:
                 log.warning("task %d (%s, job %d) failed: %s", item.id, task_type, item.job_id, exc)
@@ -309,18 +305,27 @@ def claiming(
         except Exception:
             log.exception("tasks: running task %d (%s) failed", item.id, task_type)
 
-    async def requeue(task_type: str, item: Queued, exc: Preempted) -> None:
-        limit = max_preemptions()
-        outcome = await asyncio.to_thread(requeue_preempted, db, item.id, limit)
-        if outcome is None:
-            log.info("task %d (%s) was preempted and is no longer running; left as it is", item.id, task_type)
-            return
-        if outcome.requeued:
-            log.warning("task %d (%s) preempted (%s): back at the head of its queue (preemption %d, "
-                        "at most %d)", item.id, task_type, exc, outcome.preemptions, limit)
-        else:
-            log.warning("task %d (%s) failed: %s", item.id, task_type, outcome.error)
-        if on_preempted is not None:
-            on_preempted(task_type, item, outcome.requeued)
-
     return run
+
+
+async def requeue_preempted_task(
+    db: Path,
+    task_type: str,
+    item: Queued,
+    exc: Preempted,
+    limit: int,
+    on_preempted: Callable[[str, Queued, bool], None] | None,
+) -> None:
+    """A preempted attempt did not run: its row goes back to queued (`preemption.requeue_preempted`, at most
+    `limit` times, then failed) and `on_preempted(type, item, requeued)` is told."""
+    outcome = await asyncio.to_thread(requeue_preempted, db, item.id, limit)
+    if outcome is None:
+        log.info("task %d (%s) was preempted and is no longer running; left as it is", item.id, task_type)
+        return
+    if outcome.requeued:
+        log.warning("task %d (%s) preempted (%s): back at the head of its queue (preemption %d, "
+                    "at most %d)", item.id, task_type, exc, outcome.preemptions, limit)
+    else:
+        log.warning("task %d (%s) failed: %s", item.id, task_type, outcome.error)
+    if on_preempted is not None:
+        on_preempted(task_type, item, outcome.requeued)

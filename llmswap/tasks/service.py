@@ -3,39 +3,51 @@
 The task queue is a client of the router: its lanes (`lanes.py`, asyncio, on the server's loop) send each
 task's params (an OpenAI request body) down the one dispatch path HTTP requests take, so tasks share
 swapping, queueing, priorities, filters and timeouts with HTTP traffic (at `tasks.priority`, below
-interactive requests by default), and which types run side by side is the router's eviction policy's
-answer. Rows written by the CLI while the server runs are picked up by a poll of the database. The OpenAI
-Batch API (`batches.py`) adds `batch:<model>` types beside the configured ones, and the same poll
-finishes the batches whose requests are all done.
+interactive requests by default). Each request carries its type's queue depth as a backlog hint, so which
+type runs next and which run side by side is the router's scheduler's and swapper's answer. A lane takes
+the router's grant first and only then claims the task's row, so a task waiting for its model is still
+`queued` (a restart runs it, instead of failing it as interrupted). Rows written
+by the CLI while the server runs are picked up by a poll of the database. The OpenAI Batch API
+(`batches.py`) adds `batch:<model>` types beside the configured ones, and the same poll finishes the
+batches whose requests are all done.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Collection, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
 from llmswap.config.model import Config, TasksConfig
 from llmswap.dispatch import Dispatcher, UpstreamUnreachable
+from llmswap.dispatch.dispatcher import Lease, Origin
+from llmswap.scheduler.errors import Preempted, SchedulerError, ShuttingDown
 from llmswap.tasks.batch_store import BATCH_TYPE_PREFIX, batch_types_queued, init_batch_tables
 from llmswap.tasks.batches import Batches
 from llmswap.tasks.db import (
     TaskRow,
     TaskStatus,
     cancel_task,
+    fail_unfinished_task,
+    get_task,
     init_db,
     insert_task,
     queued_tasks,
     reset_running_tasks,
     task_stats,
 )
-from llmswap.tasks.lanes import TaskLanes, claiming, log_failure
+from llmswap.tasks.lanes import Queued, TaskLanes, claiming, log_failure, requeue_preempted_task
 
 log = logging.getLogger("llmswap.tasks")
+
+
+# The router's grant a lane holds for the task in hand, set around its claim and POST (in the lane's task).
+_GRANT: contextvars.ContextVar[Lease | None] = contextvars.ContextVar("llmswap_task_grant", default=None)
 
 
 class TaskError(Exception):
@@ -92,14 +104,12 @@ class TaskService:
         self.enabled = True  # False after a reload dropped the `tasks:` section
         # `batch:<model>` task types of the Batch API in use (type -> model): they outlive reloads.
         self._batch_types: dict[str, str] = {}
-        # The lanes are built with their runner; the runner reaches them only once a task was preempted.
-        runner = claiming(self.db, self._run, max_preemptions=lambda: self.tasks.max_preemptions,
-                          on_preempted=lambda *outcome: self.lanes.preempted(*outcome))
         self.lanes = TaskLanes(
-            self.db, runner, model_of=self._model_of, fits=self._fit_together,
-            max_queue_depth=self.tasks.max_queue_depth,
+            self.db, self._run_item, max_queue_depth=self.tasks.max_queue_depth,
         )
         self.batches = Batches(self)
+        self._claim_and_run = claiming(self.db, self._run, max_preemptions=lambda: self.tasks.max_preemptions,
+                                       on_preempted=self.lanes.preempted)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -154,13 +164,6 @@ class TaskService:
 
     def _all_types(self) -> list[str]:
         return [*self.tasks.types, *self._batch_types]
-
-    def _fit_together(self, models: Collection[str]) -> bool:
-        return bool(self._router_of().fit_together(models))
-
-    def _model_of(self, task_type: str) -> str | None:
-        configured = self.tasks.types.get(task_type)
-        return configured.model if configured is not None else self._batch_types.get(task_type)
 
     def router_of(self) -> Any:
         return self._router_of()
@@ -230,9 +233,54 @@ class TaskService:
 
     # ------------------------------------------------------------------ running one task
 
+    def model_of(self, task_type: str) -> str | None:
+        """The model a task type's tasks go to (None: a type a reload removed)."""
+        if task_type.startswith(BATCH_TYPE_PREFIX):
+            return task_type[len(BATCH_TYPE_PREFIX):]
+        configured = self.tasks.types.get(task_type)
+        return configured.model if configured is not None else None
+
+    async def _run_item(self, task_type: str, item: Queued) -> None:
+        """Wait for the router's grant, telling it the type's queue depth; then claim the row and run it."""
+        model = self.model_of(task_type)
+        if model is None:
+            await self._claim_and_run(task_type, item)  # fails the row: its type is gone
+            return
+        origin: Origin = "batch" if task_type.startswith(BATCH_TYPE_PREFIX) else "task"
+        while True:
+            try:
+                async with self.dispatcher.lease(
+                    model, origin=origin, priority=self.tasks.priority,
+                    backlog=lambda: self.lanes.depth(task_type),  # what the lane has queued behind this task
+                ) as lease:
+                    token = _GRANT.set(lease)
+                    try:
+                        await self._claim_and_run(task_type, item)
+                    finally:
+                        _GRANT.reset(token)
+                return
+            except Preempted as exc:
+                row = await asyncio.to_thread(get_task, self.db, item.id)
+                if row is not None and row.status is TaskStatus.QUEUED:
+                    continue  # preempted before its row was claimed: it never started; ask again
+                # Its upstream call was abandoned: the attempt did not run, the row goes back to the head.
+                await requeue_preempted_task(self.db, task_type, item, exc, self.tasks.max_preemptions,
+                                             self.lanes.preempted)
+                return
+            except ShuttingDown:
+                log.info("task %d (%s) stays queued: the router is shutting down", item.id, task_type)
+                return
+            except SchedulerError as exc:  # the router refused it (unknown model, a limit...)
+                log.warning("task %d (%s) failed: %s", item.id, task_type, exc)
+                await self._fail(item.id, exc)
+                return
+
+    async def _fail(self, task_id: int, exc: Exception) -> None:
+        await asyncio.to_thread(fail_unfinished_task, self.db, task_id, f"{type(exc).__name__}: {exc}")
+
     async def _run(self, row: TaskRow) -> Any:
         if row.task_type.startswith(BATCH_TYPE_PREFIX):
-            return await self.batches.run(row)
+            return await self.batches.run(row, _GRANT.get())
 
         task_type = self.tasks.types.get(row.task_type)
         if task_type is None:
@@ -245,7 +293,8 @@ class TaskService:
         body["stream"] = False
         try:
             answer = await self.dispatcher.post_json(
-                task_type.model, path, body, requested=requested, origin="task", priority=self.tasks.priority
+                task_type.model, path, body, requested=requested, origin="task", priority=self.tasks.priority,
+                lease=_GRANT.get(),
             )
         except UpstreamUnreachable as exc:
             raise TaskError(str(exc)) from exc

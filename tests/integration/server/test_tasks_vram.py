@@ -1,8 +1,10 @@
 """Task types under the vram router: memory is the router's to budget.
 
-Two types whose models fit on the GPU together run their batches side by side; two that do not run one
-batch after the other, each model loaded once. The GPU is faked (the demo writes its footprint where a
-FakeReader reads it, as NVML would report it); everything else is real.
+Two types whose models fit on the GPU together run their batches side by side (the swapper evicts nothing,
+so either scheduler grants both lanes at once); two that do not run one batch after the other, each model
+loaded once: each lane tells the router's scheduler its type's queue depth, and the scheduler serves one
+type's announced backlog before it swaps. The GPU is faked (the demo writes its
+footprint where a FakeReader reads it, as NVML would report it); everything else is real.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from llmswap.config.model import (
     ModelConfig,
     RouterConfig,
     RoutingConfig,
+    SchedulerConfig,
     TasksConfig,
     TaskTypeConfig,
     VramSettings,
@@ -41,8 +44,9 @@ def model(name: str, gpu_dir: Path) -> ModelConfig:
     return demo_config(name, *flags, vram=4 * GiB)
 
 
-def config(tmp_path: Path, gpu_dir: Path) -> Config:
-    routing = RoutingConfig(router=RouterConfig(use="vram", vram=VramSettings(reserve=0)))
+def config(tmp_path: Path, gpu_dir: Path, scheduler: str) -> Config:
+    routing = RoutingConfig(router=RouterConfig(use="vram", vram=VramSettings(reserve=0)),
+                            scheduler=SchedulerConfig(use=scheduler))
     tasks = TasksConfig(
         db=tmp_path / "tasks.sqlite",
         types={"letters": TaskTypeConfig("letters", "a"), "research": TaskTypeConfig("research", "b")},
@@ -71,11 +75,11 @@ class Residency:
 
 
 async def run_both_types(
-    tmp_path: Path, serve_config: ServeConfig, http: aiohttp.ClientSession, gpu_total: int
+    tmp_path: Path, serve_config: ServeConfig, http: aiohttp.ClientSession, gpu_total: int, scheduler: str
 ) -> tuple[Residency, dict[str, Any]]:
     gpu = tmp_path / "gpu"
     gpu.mkdir()
-    cfg = config(tmp_path, gpu)
+    cfg = config(tmp_path, gpu, scheduler)
     router = build_router(cfg, reader=FakeReader(totals=(gpu_total,), gpu_dir=gpu))
     assert isinstance(router, VramRouter)
     router.sample_interval = 0
@@ -98,20 +102,22 @@ async def run_both_types(
         return residency, await resp.json()
 
 
+@pytest.mark.parametrize("scheduler", ["fifo", "batch"])
 async def test_two_task_types_whose_models_fit_together_run_side_by_side(
-    tmp_path: Path, serve_config: ServeConfig, http: aiohttp.ClientSession
+    tmp_path: Path, serve_config: ServeConfig, http: aiohttp.ClientSession, scheduler: str
 ) -> None:
-    residency, stats = await run_both_types(tmp_path, serve_config, http, 10 * GiB)
+    residency, stats = await run_both_types(tmp_path, serve_config, http, 10 * GiB, scheduler)
     assert residency.most == 2
     assert residency.loads == {"a": 1, "b": 1}
     assert stats["batches_started"] == {"letters": 1, "research": 1}
 
 
+@pytest.mark.parametrize("scheduler", ["fifo", "batch"])
 @pytest.mark.parametrize("gpu_total", [6 * GiB], ids=["room-for-one"])
 async def test_two_task_types_whose_models_do_not_fit_together_run_one_batch_at_a_time(
-    tmp_path: Path, serve_config: ServeConfig, http: aiohttp.ClientSession, gpu_total: int
+    tmp_path: Path, serve_config: ServeConfig, http: aiohttp.ClientSession, gpu_total: int, scheduler: str
 ) -> None:
-    residency, stats = await run_both_types(tmp_path, serve_config, http, gpu_total)
+    residency, stats = await run_both_types(tmp_path, serve_config, http, gpu_total, scheduler)
     assert residency.most == 1
     assert residency.loads == {"a": 1, "b": 1}  # each type's tasks in one batch: no swap back and forth
     assert stats["batches_started"] == {"letters": 1, "research": 1}

@@ -221,3 +221,31 @@ async def test_unexpected_stop_reaches_scheduler_and_model_restarts() -> None:
     assert await serve_once(router, "a") == "a"
     assert script.starts == {"a": 2}
     await router.shutdown()
+
+
+async def test_a_backlog_that_grew_while_its_request_ran_keeps_the_model_for_the_next_one() -> None:
+    router, script = make_router(config("a", "b"))
+    behind = [0]  # a task lane's queue behind the request in hand: read as it is posted and as it ends
+    hold = asyncio.Event()
+    first = asyncio.create_task(_serve_with_backlog(router, "a", behind, hold))
+    await until(lambda: router.snapshot().in_flight == {"a": 1})
+    other = asyncio.create_task(serve_once(router, "b"))
+    await settle(router)
+    behind[0] = 1  # one more task of its type was queued meanwhile
+    hold.set()
+    await first
+    await settle(router)
+    assert script.starts == {"a": 1}  # b waits: a's next request was announced
+    behind[0] = 0
+    await _serve_with_backlog(router, "a", behind, None)
+    assert await other == "b"
+    assert script.starts == {"a": 1, "b": 1}
+    await router.shutdown()
+
+
+async def _serve_with_backlog(
+    router: BaseRouter, model: str, behind: list[int], hold: asyncio.Event | None
+) -> None:
+    async with router.acquire(model, backlog=lambda: behind[0]):
+        if hold is not None:
+            await hold.wait()

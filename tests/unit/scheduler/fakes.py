@@ -46,12 +46,13 @@ class RequestFactory:
         self._seq = itertools.count(1)
 
     def make(self, model: str, *, priority: int = 0, api_key: str | None = None,
-             deadline_in: float | None = None) -> HandlerRequest:
-        """`deadline_in`: seconds from now by which it should be served (X-Deadline-Ms / 1000)."""
+             deadline_in: float | None = None, backlog: int = 0) -> HandlerRequest:
+        """`deadline_in`: seconds from now by which it should be served (X-Deadline-Ms / 1000); `backlog`:
+        requests its client has queued behind it (a task lane's hint)."""
         now = self._clock()
         return HandlerRequest(
             model=model, seq=next(self._seq), arrived=now, priority=priority, api_key=api_key,
-            deadline=None if deadline_in is None else now + deadline_in,
+            deadline=None if deadline_in is None else now + deadline_in, backlog=backlog,
         )
 
 
@@ -154,11 +155,11 @@ class FakeEffects:
         self.states[model] = ProcessState.STOPPED if error is not None else ProcessState.READY
         sched.on_swap_done(SwapDone(model, error, duration))
 
-    def finish_serving(self, sched: Scheduler, req: HandlerRequest) -> None:
-        """The granted request's response ended: post its ServeDone."""
+    def finish_serving(self, sched: Scheduler, req: HandlerRequest, backlog: int | None = None) -> None:
+        """The granted request's response ended: post its ServeDone (`backlog`: its client's, by then)."""
         grant = self.serve_grant(req)
         assert grant is not None and grant.received, "only a received grant posts ServeDone"
-        sched.on_serve_done(ServeDone(grant.model, req))
+        sched.on_serve_done(ServeDone(grant.model, req, backlog))
 
     def complete_stop(self, sched: Scheduler, index: int = -1) -> None:
         """The processes of one `stop_processes` call are dead."""

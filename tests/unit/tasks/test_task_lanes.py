@@ -1,33 +1,34 @@
-"""Server mode's task lanes: one per type, deepest queue first, side by side only when the router says the
-models fit together; a real SQLite database, a recording stand-in for the dispatch path."""
+"""The task lanes: one per type with queued work, FIFO within a type; without a chooser every waiting type
+starts at once (the router decides what runs), with one the chooser does. A real SQLite database, a
+recording stand-in for the dispatch path."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
-from llmswap.config.model import DEFAULT_GROUP_ID, GroupConfig
-from llmswap.scheduler.fit import fit_together
-from llmswap.scheduler.swappers.group import GroupSwapper
 from llmswap.tasks.db import TaskRow, get_task, init_db, insert_task
-from llmswap.tasks.lanes import TaskLanes, claiming
+from llmswap.tasks.lanes import Chooser, TaskLanes, claiming
 from tests.helpers.wait import eventually
-
-MODELS = {"letters": "a", "research": "b"}
 
 
 class Recorder:
-    """Runs a task by waiting for the test's go; remembers the order and the most running at once."""
+    """Runs a task by waiting for the test's go; remembers the order, the backlog hint the lane would send
+    (its type's queue depth behind the task in hand) and the most running at once."""
 
     def __init__(self) -> None:
         self.order: list[str] = []
+        self.backlogs: list[int] = []
         self.running = 0
         self.most = 0
         self.go = asyncio.Event()
+        self.lanes: TaskLanes | None = None
 
     async def __call__(self, row: TaskRow) -> str:
+        assert self.lanes is not None
         self.order.append(row.task_type)
+        self.backlogs.append(self.lanes.depth(row.task_type))
         self.running += 1
         self.most = max(self.most, self.running)
         await self.go.wait()
@@ -35,17 +36,16 @@ class Recorder:
         return '{"ok": true}'
 
 
-async def run(tmp_path: Path, fits: bool, counts: dict[str, int]) -> tuple[Recorder, TaskLanes, list[int]]:
+def build(
+    tmp_path: Path, counts: dict[str, int], chooser: Chooser | None = None
+) -> tuple[Recorder, TaskLanes, list[int]]:
     db = tmp_path / "tasks.sqlite"
     init_db(db)
     recorder = Recorder()
-
-    def fit(models: Collection[str]) -> bool:
-        return fits
-
     runner = claiming(db, recorder, max_preemptions=lambda: 3)
-    lanes = TaskLanes(db, runner, model_of=MODELS.get, fits=fit, max_queue_depth=100)
-    lanes.set_types(MODELS)
+    lanes = TaskLanes(db, runner, max_queue_depth=100, chooser=chooser)
+    recorder.lanes = lanes
+    lanes.set_types(counts)
     ids = []
     for task_type, count in counts.items():
         for _ in range(count):
@@ -64,55 +64,39 @@ async def finish(recorder: Recorder, lanes: TaskLanes) -> None:
     await eventually(idle, what="every lane to end")
 
 
-async def test_lanes_whose_models_cannot_run_together_go_one_batch_at_a_time_deepest_first(
+async def test_every_type_with_queued_work_starts_its_lane_at_once_for_the_router_to_schedule(
     tmp_path: Path,
 ) -> None:
-    recorder, lanes, ids = await run(tmp_path, False, {"letters": 1, "research": 3})
-    await finish(recorder, lanes)
-    assert recorder.most == 1
-    assert recorder.order == ["letters", "research", "research", "research"]  # letters started first
-    assert lanes.snapshot().batches_started == {"letters": 1, "research": 1}
-    rows = [get_task(tmp_path / "tasks.sqlite", task_id) for task_id in ids]
-    assert [row.status.value if row is not None else None for row in rows] == ["completed"] * 4
-
-
-async def test_lanes_whose_models_fit_together_run_side_by_side(tmp_path: Path) -> None:
-    recorder, lanes, _ = await run(tmp_path, True, {"letters": 2, "research": 2})
+    recorder, lanes, ids = build(tmp_path, {"letters": 2, "research": 3})
 
     async def both_running() -> bool:
         return recorder.running == 2
 
     await eventually(both_running, what="both types running")
-    assert sorted(lanes.snapshot().active_types) == ["letters", "research"]
+    assert lanes.snapshot().active_types == ("letters", "research")
     await finish(recorder, lanes)
-    assert recorder.most == 2
+    assert lanes.snapshot().batches_started == {"letters": 1, "research": 1}
+    rows = [get_task(tmp_path / "tasks.sqlite", task_id) for task_id in ids]
+    assert [row.status.value if row is not None else None for row in rows] == ["completed"] * 5
 
 
-async def test_a_waiting_type_with_the_deeper_queue_goes_next(tmp_path: Path) -> None:
-    db = tmp_path / "tasks.sqlite"
-    init_db(db)
-    recorder = Recorder()
-    types = {"first": "a", "shallow": "b", "deep": "c"}
-    lanes = TaskLanes(
-        db, claiming(db, recorder, max_preemptions=lambda: 3), model_of=types.get, fits=lambda models: False,
-        max_queue_depth=100,
-    )
-    lanes.set_types(types)
-    for task_type, count in (("first", 1), ("shallow", 1), ("deep", 2)):
-        for _ in range(count):
-            task_id, _ = insert_task(db, task_type, 0, None, dedupe=False)
-            lanes.enqueue(task_id, task_type, 0)
+async def test_each_task_sees_its_types_queue_behind_it_as_the_backlog_hint(tmp_path: Path) -> None:
+    recorder, lanes, _ = build(tmp_path, {"letters": 3})
     await finish(recorder, lanes)
+    assert recorder.backlogs == [2, 1, 0]  # what `TaskService` sends the router with each task
+
+
+async def test_a_chooser_decides_which_waiting_types_start(tmp_path: Path) -> None:
+    asked: list[tuple[dict[str, int], tuple[str, ...]]] = []
+
+    def one_at_a_time_deepest_first(waiting: Mapping[str, int], active: Collection[str]) -> list[str]:
+        asked.append((dict(waiting), tuple(active)))
+        return [] if active else [max(waiting, key=lambda t: waiting[t])]
+
+    recorder, lanes, _ = build(tmp_path, {"first": 1, "shallow": 1, "deep": 2}, one_at_a_time_deepest_first)
+    await finish(recorder, lanes)
+    assert recorder.most == 1
+    # "first" started alone as soon as it was queued; then the deeper of the two left went next.
     assert recorder.order == ["first", "deep", "deep", "shallow"]
-
-
-def test_fit_together_asks_the_swapper_whether_any_model_would_evict_another() -> None:
-    groups = {
-        DEFAULT_GROUP_ID: GroupConfig(DEFAULT_GROUP_ID),
-        "one-at-a-time": GroupConfig("one-at-a-time", swap=True, exclusive=False, members=("a", "b")),
-        "beside": GroupConfig("beside", swap=True, exclusive=False, members=("c",)),
-    }
-    swapper = GroupSwapper(groups)
-    assert not fit_together(swapper, {"a", "b"})
-    assert fit_together(swapper, {"a", "c"})
-    assert fit_together(swapper, {"a"})
+    assert asked[0] == ({"first": 1}, ())
+    assert ({"shallow": 1, "deep": 2}, ()) in asked

@@ -141,7 +141,7 @@ async def run_lane(
     lanes: TaskLanes
     runner = claiming(db, run_one, max_preemptions=lambda: max_preemptions,
                       on_preempted=lambda *outcome: lanes.preempted(*outcome))
-    lanes = TaskLanes(db, runner, model_of=lambda t: "a", fits=lambda models: True, max_queue_depth=10)
+    lanes = TaskLanes(db, runner, max_queue_depth=10)
     lanes.set_types(["letters"])
     ids = queue(db, n)
     for task_id in ids:
