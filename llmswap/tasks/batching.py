@@ -295,7 +295,9 @@ class TaskScheduler:
                 self._loop.call_soon_threadsafe(self._stop_if_idle, stopping)
                 if stopping.result():
                     self._on_loop = False  # from now on calls run directly: no lane is left to race them
-                    loop_thread.join(max(0.0, deadline - time.monotonic()))
+        if not self._on_loop and loop_thread is not None and loop_thread is not threading.current_thread():
+            # Also on a later call: an earlier one may have stopped the loop without waiting for its thread.
+            loop_thread.join(max(0.0, deadline - time.monotonic()))
         workers = [*self._workers.values(), *self._retired]
         for worker in workers:
             worker.retire()
