@@ -55,7 +55,9 @@ class Llmswap:
         return int(psutil.Process(self.pid).memory_info().rss)
 
     def upstream_pids(self) -> list[int]:
-        return [child.pid for child in psutil.Process(self.pid).children(recursive=True)]
+        """llmswap's model servers (and what they started); not the keeper beside each one."""
+        return [child.pid for child in psutil.Process(self.pid).children(recursive=True)
+                if not _is_keeper(child)]
 
     def stop(self) -> None:
         """SIGTERM (llmswap stops its upstreams), then SIGKILL for the whole group if that takes too long."""
@@ -138,3 +140,11 @@ class PeakRss:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self.sample()
+
+
+def _is_keeper(process: psutil.Process) -> bool:
+    """Whether `process` is the keeper llmswap runs beside a model server (llmswap/process/keeper.py)."""
+    try:
+        return any(part.endswith("keeper.py") for part in process.cmdline())
+    except psutil.Error:
+        return False
