@@ -20,13 +20,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
 from bench import proxy_overhead
+from bench.launch import Llmswap, wait_ready
 from bench.proxy_overhead import HOST, Side, free_port
 from bench.report import Row, markdown_table, ms, per_second, ratio
 
@@ -43,7 +43,6 @@ if recording == "off":
 options = ServeOptions(config_path=Path(config_path), host="127.0.0.1", port=port)
 raise SystemExit(run(options, load_config(config_path), event_loop="asyncio"))
 """
-READY_WITHIN = 60.0
 
 
 class NullRecording:
@@ -96,22 +95,13 @@ async def start(config: Path, recording: str, upstream_port: int) -> Server:
         stdout=subprocess.DEVNULL, start_new_session=True, cwd=proxy_overhead.REPO,
     )
     server = Server(process, f"http://{HOST}:{port}")
-    deadline = time.monotonic() + READY_WITHIN
-    async with aiohttp.ClientSession() as http:
-        while True:
-            if process.poll() is not None:
-                raise SystemExit(f"llmswap ({recording}) exited with {process.returncode} during startup")
-            try:
-                async with http.get(f"{server.url}/health") as a, \
-                        http.get(f"http://{HOST}:{upstream_port}/health") as b:
-                    if a.status == 200 and b.status == 200:
-                        return server
-            except aiohttp.ClientError:
-                pass
-            if time.monotonic() > deadline:
-                server.stop()
-                raise SystemExit(f"llmswap ({recording}) was not ready within {READY_WITHIN:g}s")
-            await asyncio.sleep(0.05)
+    try:
+        await wait_ready(Llmswap(process, server.url), [f"{server.url}/health",
+                                                        f"http://{HOST}:{upstream_port}/health"])
+    except SystemExit as failed:
+        server.stop()
+        raise SystemExit(f"llmswap ({recording}): {failed}") from None
+    return server
 
 
 async def measure(requests: int, throughput_requests: int, concurrency: int) -> tuple[Side, Side, int]:

@@ -7,6 +7,7 @@ that ends the thread (a BaseException) breaks the batch off with `LaneBroken`, a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
@@ -54,7 +55,5 @@ class BatchWorker(threading.Thread):
                 else:
                     done.set_exception(error)
 
-        try:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for this task any more
             self._loop.call_soon_threadsafe(settle)
-        except RuntimeError:
-            pass  # the loop is closed: nobody waits for this task any more
