@@ -273,5 +273,5 @@ def format_config(config: Config) -> str:
     }
     document = {key: value for key, value in document.items() if value is not None}
     header = "".join(f"# warning: {warning}\n" for warning in config.warnings)
-    body = yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=110)
+    body = yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=float("inf"))
     return header + body

@@ -221,3 +221,16 @@ def test_format_config_puts_warnings_first_as_comments() -> None:
     text = format_config(config)
     assert text.startswith("# warning: config.yaml:1: healthCheckTimeout: 1 is below the minimum")
     assert yaml.safe_load(text)["healthCheckTimeout"] == 15
+
+
+def test_format_config_keeps_a_long_command_on_one_line() -> None:
+    """A command longer than any line width is shown whole: a fold would split `--key ${env.X}` in two."""
+    prefix = "/a/long/install/path/" * 8
+    config = load_config_text(
+        "models:\n"
+        "  m:\n"
+        f"    cmd: {prefix}llama-server --port ${{PORT}} --api-key ${{env.SOME_KEY}}\n",
+        environ={"SOME_KEY": "sk-hidden-value"},
+    )
+    [line] = [line for line in format_config(config).splitlines() if line.strip().startswith("cmd:")]
+    assert line.endswith("--api-key ${env.SOME_KEY}")
