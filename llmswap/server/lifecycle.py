@@ -33,6 +33,7 @@ from llmswap.router import build_router
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.server.app import create_app
 from llmswap.server.connections import DescriptorWarnings, Runner, raise_open_file_limit
+from llmswap.server.front import FrontSite
 from llmswap.server.guard import is_loopback_listener
 from llmswap.server.logsetup import configure_logging
 from llmswap.server.reload import WATCH_INTERVAL, ConfigWatcher, ReloadOutcome, reload_from_sources
@@ -152,7 +153,7 @@ class Server:
         except OSError as exc:
             await self.state.router.shutdown(HURRY_GRACE)
             raise StartError(f"starting the server failed: {exc}") from None
-        site = web.TCPSite(self.runner, self.options.host or None, self.options.port, ssl_context=tls)
+        site = FrontSite(self.runner, self.options.host or None, self.options.port, ssl_context=tls)
         try:
             await site.start()
         except OSError as exc:

@@ -1,0 +1,140 @@
+"""Serving one fast request: what the aiohttp route and its middlewares do for it, by the same owners.
+
+The access record and the access-log line with the request observers (`middleware`), the activity
+recording (`activity_api.begin_http`/`recorded`), the in-flight entry and its cancel (`inflight`,
+`cancel`), the model's lease from the dispatcher (the scheduler counts it in flight; `concurrencyLimit`,
+queueing, deadlines and admission errors are the router's, answered by `scheduler_error_response`), the
+context the upstream reports (`guardrails`), then `relay`. A client that hangs up cancels the task
+running this (`FrontConnection.connection_lost`): the request leaves the queue, or its upstream request
+is closed, and the access log says `client gone`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+
+from aiohttp import web
+
+from llmswap.activity.recording import Recording
+from llmswap.scheduler.errors import Preempted, SchedulerError
+from llmswap.server import guardrails
+from llmswap.server.activity_api import begin_http, recorded
+from llmswap.server.cancel import CANCELLED_STATUS, cancelled_message
+from llmswap.server.errors import error_response, scheduler_error_response
+from llmswap.server.front.relay import Connection, relay
+from llmswap.server.front.request import FastPlan, FrontRequest
+from llmswap.server.front.wire import send_whole
+from llmswap.server.inflight import InflightEntry, tracker_of
+from llmswap.server.middleware import (
+    ACCESS,
+    CLIENT_GONE,
+    REQUEST_OBSERVERS,
+    AccessRecord,
+    access_line,
+    access_logger,
+    answering,
+    note_load,
+    note_model,
+    note_wait,
+)
+from llmswap.server.proxy import CLIENT_CLOSED_REQUEST, dispatcher
+from llmswap.server.state import STATE
+
+log = logging.getLogger("llmswap.server")
+
+
+async def serve_fast(conn: Connection, request: FrontRequest, plan: FastPlan) -> None:
+    """Answer `request` as planned; the access log and the observers hear of it however it ends."""
+    record = AccessRecord(started=request.started)
+    request[ACCESS] = record
+    status = CLIENT_GONE  # what remains if the client leaves or the server cuts the request
+    try:
+        status = (await _serve(conn, request, plan)).status
+    except ConnectionError:
+        conn.cut()
+    except Exception:
+        status = 500
+        log.exception("internal error while handling POST %s", request.path)
+        if answering(request):  # type: ignore[arg-type]
+            conn.cut()  # part of the answer is out: a second status line would corrupt it
+        else:
+            message = (f"internal error while handling POST {request.path}; the proxy log (/logs) has the "
+                       "details")
+            try:
+                await send_whole(request, error_response(request, 500, message), conn)  # type: ignore[arg-type]
+            except ConnectionError:
+                conn.cut()
+    finally:
+        elapsed = time.monotonic() - record.started
+        access_logger.info("%s", access_line(request.remote, request.method, request.path, status, elapsed,
+                                             record.model, record))
+        for observe in request.app.get(REQUEST_OBSERVERS, ()):
+            try:
+                observe(request, record, status, elapsed)  # type: ignore[arg-type]
+            except Exception:
+                log.exception("request observer failed for %s %s", request.method, request.path)
+
+
+async def _serve(conn: Connection, request: FrontRequest, plan: FastPlan) -> web.StreamResponse:
+    model = plan.model
+    note_model(request, model.id)  # type: ignore[arg-type]
+    recording = begin_http(request, model=model.id, requested=plan.requested,  # type: ignore[arg-type]
+                           req_path=plan.route.upstream_path)
+    with tracker_of(request.app[STATE]).track(request, model.id) as entry:  # type: ignore[arg-type]
+        work = _leased(conn, request, plan, recording)
+        return await recorded(recording, _cancellable(conn, request, entry, work, recording))
+
+
+async def _cancellable(conn: Connection, request: FrontRequest, entry: InflightEntry,
+                       work: Awaitable[web.StreamResponse], recording: Recording) -> web.StreamResponse:
+    """`work`, with a cancel through /api/inflight turned into a clean end, as `cancel.cancellable` does."""
+    try:
+        return await work
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if not entry.cancelled or conn.gone or task is None:
+            raise
+        task.uncancel()
+        message = cancelled_message(entry.id)
+        log.info("%s %s: %s", request.method, request.path, message)
+        recording.fail(CANCELLED_STATUS, message)
+        if answering(request):  # type: ignore[arg-type]
+            conn.cut()
+            return web.Response(status=CANCELLED_STATUS)
+        return await send_whole(request, error_response(request, CANCELLED_STATUS, message), conn)  # type: ignore[arg-type]
+
+
+async def _leased(conn: Connection, request: FrontRequest, plan: FastPlan, recording: Recording
+                  ) -> web.StreamResponse:
+    model = plan.model
+    load = 0.0  # seconds of its wait its model spent loading (the router says, once granted)
+
+    def on_granted(seconds: float) -> None:
+        nonlocal load
+        load = seconds
+        note_load(request, seconds)  # type: ignore[arg-type]
+
+    key = plan.key
+    try:
+        async with dispatcher(request.app[STATE]).lease(
+            model.id,
+            origin="http",
+            router=plan.router,
+            priority=plan.priority,
+            deadline_ms=plan.deadline_ms or model.deadline_ms or None,
+            api_key=key.key if key is not None else None,
+            on_granted=on_granted,
+        ) as lease:
+            note_wait(request, lease.waited)  # type: ignore[arg-type]
+            recording.waited(max(0.0, lease.waited - load), load or None)
+            await guardrails.learn_reported_context(request.app, lease.config, lease.session)
+            return await relay(conn, request, plan, lease, recording)
+    except SchedulerError as err:
+        recording.fail(err.status, err.message)
+        if isinstance(err, Preempted) and answering(request):  # type: ignore[arg-type]
+            conn.cut()  # preempted mid-answer: a truncated answer must not pass for a complete one
+            return web.Response(status=CLIENT_CLOSED_REQUEST)
+        return await send_whole(request, scheduler_error_response(request, err), conn)  # type: ignore[arg-type]
