@@ -69,8 +69,7 @@ class FrontConnection(asyncio.Protocol):
     # ---------------------------------------------------------------------------- the transport
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # a stream transport (uvloop's is no subclass)
         peer = transport.get_extra_info("peername")
         self.remote = str(peer[0]) if isinstance(peer, (tuple, list)) and peer else None
         self.front.held(self)
