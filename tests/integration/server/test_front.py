@@ -220,3 +220,36 @@ async def test_a_slow_head_is_cut_off_after_the_client_header_timeout(serve_conf
     finally:
         await client.close()
     assert held_by_front(served) == 0
+
+
+async def test_a_malformed_request_after_a_fast_one_gets_aiohttps_400_in_the_envelope(
+    serve_config: ServeConfig,
+) -> None:
+    served = await serve_config(exclusive_config(demo_config("m")))
+    client = await RawClient.connect(port_of(served))
+    try:
+        await client.send(post("/v1/embeddings", EMBED))
+        [fast] = await client.answers()
+        assert fast.status == 200
+        await client.send(b"POST /v1/embeddings HTTP/1.1\r\nHost: localhost\r\nContent-Length: x\r\n\r\n")
+        [refused] = await client.answers()
+        assert await client.closed_by_server()
+    finally:
+        await client.close()
+    assert refused.status == 400
+    assert refused.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_a_client_asking_to_close_gets_its_fast_answer_then_the_connection_closes(
+    serve_config: ServeConfig,
+) -> None:
+    served = await serve_config(exclusive_config(demo_config("m")))
+    client = await RawClient.connect(port_of(served))
+    try:
+        await client.send(post("/v1/embeddings", EMBED, extra="Connection: close\r\n"))
+        [answer] = await client.answers()
+        assert await client.closed_by_server()
+    finally:
+        await client.close()
+    assert answer.status == 200 and answer.headers["connection"] == "close"
+    assert len(answer.json()["data"]) == 2
