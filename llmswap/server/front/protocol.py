@@ -19,21 +19,39 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import httptools
+from aiohttp import web
 
-from llmswap.server.front.request import FastPlan, FrontRequest, fast_plan, header_multidict
-
-if TYPE_CHECKING:
-    from llmswap.server.front.site import Front
+from llmswap.server.front.request import FastPlan, FrontRequest, RouteMatch, fast_plan, header_multidict
+from llmswap.server.inference import InferenceRoute
 
 log = logging.getLogger("llmswap.server")
 
 FAST_BODY_LIMIT = 1024 * 1024  # bytes: a larger body goes to aiohttp, which streams it in
 READ_BACKLOG_LIMIT = 256 * 1024  # bytes of unanswered pipelined requests before reading pauses
 _NOT_FAST_HEADERS = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"content-encoding"})
+
+
+class Front(Protocol):
+    """What the connections of one listener share (`llmswap.server.front.site.Front`)."""
+
+    app: web.Application
+    routes: Mapping[str, tuple[InferenceRoute, RouteMatch]]
+
+    def header_timeout(self) -> float: ...
+
+    def held(self, connection: FrontConnection) -> None: ...
+
+    def released(self, connection: FrontConnection) -> None: ...
+
+    def serve(self, connection: FrontConnection, request: FrontRequest, plan: FastPlan
+              ) -> Coroutine[Any, Any, None]: ...
+
+    def hand_over(self, transport: asyncio.Transport, rest: bytes, *, write_paused: bool) -> None: ...
 
 
 @dataclass(slots=True)
