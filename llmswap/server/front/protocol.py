@@ -117,6 +117,11 @@ class FrontConnection(asyncio.Protocol):
             self.transport.pause_reading()  # type: ignore[union-attr]
         self._next()
 
+    @property
+    def write_paused(self) -> bool:
+        """Whether the transport's buffer is over its high-water mark (the client reads slower)."""
+        return self._write_paused
+
     def pause_writing(self) -> None:
         self._write_paused = True
 

@@ -253,3 +253,27 @@ async def test_a_client_asking_to_close_gets_its_fast_answer_then_the_connection
         await client.close()
     assert answer.status == 200 and answer.headers["connection"] == "close"
     assert len(answer.json()["data"]) == 2
+
+
+async def test_a_large_fast_answer_to_a_slow_reader_waits_for_it_and_arrives_whole(
+    serve_config: ServeConfig,
+) -> None:
+    served = await serve_config(exclusive_config(demo_config("m")))
+    large = post("/v1/embeddings", {**EMBED, "input": [f"text {i}" for i in range(64)], "dimensions": 4096})
+    async with aiohttp_site(served) as plain_port:
+        expected = await exchange(plain_port, large)
+    client = await RawClient.connect(port_of(served))
+    try:
+        await client.send(large)
+        runner = served.runner
+        assert isinstance(runner, Runner)
+
+        def paused() -> bool:
+            return any(getattr(held, "write_paused", False) for held in runner.connection_server().front_held)
+
+        await until(paused, what="the front to stop writing to a client that does not read")
+        [answer] = await client.answers()
+    finally:
+        await client.close()
+    assert len(answer.body) > 1024 * 1024
+    assert answer.without_date() == expected
