@@ -277,3 +277,18 @@ async def test_a_large_fast_answer_to_a_slow_reader_waits_for_it_and_arrives_who
         await client.close()
     assert len(answer.body) > 1024 * 1024
     assert answer.without_date() == expected
+
+
+async def test_a_client_gone_while_its_model_loads_leaves_the_queue(
+    serve_config: ServeConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    served = await serve_config(exclusive_config(demo_config("m", "--startup-delay", "30")))
+    client = await RawClient.connect(port_of(served))
+    await client.send(post("/v1/chat/completions", CHAT))
+    with caplog.at_level(logging.INFO, logger="llmswap.access"):
+        await until(lambda: served.router.snapshot().waiting.get("m", 0) == 1, what="the request queued")
+        await client.close()
+        await until(lambda: not served.router.snapshot().waiting.get("m", 0), what="the queue empty again")
+        await until(lambda: any('"POST /v1/chat/completions" client gone' in r.getMessage()
+                                for r in caplog.records), what="the access log line")
+    assert not served.router.snapshot().in_flight.get("m", 0)
