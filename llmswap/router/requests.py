@@ -49,6 +49,7 @@ class RequestApi:
 
     if TYPE_CHECKING:  # provided by BaseRouter (its run loop) and RouterEffects
         def _post(self, event: object) -> None: ...
+        def _end(self, done: ServeDone) -> None: ...
         def model_state(self, model: str) -> ProcessState | None: ...
 
     def _handled(self, req: HandlerRequest) -> None:
@@ -101,8 +102,9 @@ class RequestApi:
             # Ended: a preemption decided before the run loop reads ServeDone must not cancel whatever
             # the task does next (a task lane recording this very answer).
             waiter.task = None
-            # The scheduler counts it out; a successor waiting for the model learns in _run.
-            self._post(ServeDone(granted_model, req, _read(options.backlog)))
+            # The scheduler counts it out (on the spot when nothing waits ahead of it: `_end`); a successor
+            # waiting for the model learns as it is handled.
+            self._end(ServeDone(granted_model, req, _read(options.backlog)))
 
     async def _wait_for_grant(
         self, model: str, options: AcquireOptions, deadline: float | None,

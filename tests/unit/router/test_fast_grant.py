@@ -67,3 +67,27 @@ async def test_a_busy_model_queues_the_newcomer_through_the_run_loop() -> None:
     hold.set()
     assert await first == "a"
     await router.shutdown()
+
+
+async def test_a_request_ending_with_nothing_queued_is_counted_out_on_the_spot() -> None:
+    router, _ = make_router(config("a"))
+    await serve_once(router, "a")
+    await router.wait_idle()
+    handled = router._processed
+    async with router.acquire("a"):
+        assert router.snapshot().in_flight == {"a": 1}
+    assert router.snapshot().in_flight == {}, "its ServeDone was handled as it ended, nothing being ahead"
+    assert router._processed == handled + 1
+    await router.shutdown()
+
+
+async def test_a_request_ending_behind_a_posted_event_posts_its_end_behind_it() -> None:
+    router, _ = make_router(config("a"))
+    await serve_once(router, "a")
+    await router.wait_idle()
+    async with router.acquire("a"):
+        router.poke()  # an event the run loop has not handled yet
+    assert router.snapshot().in_flight == {"a": 1}, "its ServeDone waits behind the Tick"
+    await router.wait_idle()
+    assert router.snapshot().in_flight == {}
+    await router.shutdown()
