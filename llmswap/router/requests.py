@@ -122,8 +122,8 @@ class RequestApi:
         # The fast path: with no event ahead of it in the queue, the scheduler sees the world exactly as the
         # run loop would when it took this request, so it may grant it here, synchronously, when it would
         # grant it at once anyway (its model ready and free, nothing waiting that comes first). The request
-        # is then in flight on the scheduler's books as any other; its ServeDone still goes through the loop.
-        if self._events.empty() and self.scheduler.try_grant_now(req):  # a fresh waiter: granted
+        # is then in flight on the scheduler's books as any other, until its ServeDone (`_end`).
+        if self._events.empty() and self.scheduler.try_grant_now(req):  # a fresh waiter: always granted
             if on_admitted is not None:
                 on_admitted(self.model_state(model) or ProcessState.STOPPED)
             return (waiter.granted.result(), req), on_admitted is not None

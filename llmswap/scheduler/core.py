@@ -131,8 +131,9 @@ class QueueScheduler(UrgencyMixin, SchedulerBooks, ABC):
         """Grant `req` here and now when `on_request` would grant it at once and change nothing else.
 
         The router's fast path (`RequestApi.acquire`), asked only while no event waits in its queue: True
-        when `req` was admitted and granted exactly as `on_request` would have done (same counts, same
-        `Effects` calls); False when the scheduler changed nothing and `req` must go through `on_request`.
+        when `req` was taken here exactly as `on_request` would have taken it (same counts, same `Effects`
+        calls: admitted and granted, or released if its client had gone); False when the scheduler changed
+        nothing and `req` must go through `on_request`.
         """
         if not self._grants_at_once(req):
             return False
