@@ -1,4 +1,5 @@
-"""The router's vocabulary: what it needs of a process, what a waiting request holds, what observers hear.
+"""The router's vocabulary: what it needs of a process, how a request asks (`AcquireOptions`), what a waiting
+request holds, what observers hear.
 
 Observers receive `RouterEvent`s: a swap committed (`SwapStarted`), a swap ended (`SwapFinished`), or a
 process's own `ProcessEvent`. All are frozen dataclasses; nobody reads log text.
@@ -48,6 +49,7 @@ class ProcessLike(Protocol):
 
 
 ProcessEventSink = Callable[[ProcessEvent], None]
+ProcessFactory = Callable[[ModelConfig, ProcessEventSink], ProcessLike]
 
 # How many more requests for the model the caller has queued behind this one, or a function that reads it.
 Backlog = int | Callable[[], int]
@@ -70,7 +72,6 @@ class AcquireOptions:
 
 
 NO_OPTIONS = AcquireOptions()
-ProcessFactory = Callable[[ModelConfig, ProcessEventSink], ProcessLike]
 
 
 @dataclass(eq=False)
