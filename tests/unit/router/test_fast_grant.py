@@ -4,17 +4,23 @@ trip through the run loop, only while no event waits in the loop's queue (fake p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
+from llmswap.config.model import BatchSettings, SchedulerConfig
 from llmswap.process.state import ProcessState
 from llmswap.router import AcquireOptions
 from llmswap.scheduler.errors import ConcurrencyLimit
 from tests.unit.router.test_base_router import config, make_router, serve_once, until
 
 
-async def test_a_ready_idle_model_is_granted_without_the_run_loop_and_counted_in_flight() -> None:
-    router, _ = make_router(config("a", "b"))
+@pytest.mark.parametrize("use", ["fifo", "batch"])
+async def test_a_ready_idle_model_is_granted_without_the_run_loop_and_counted_in_flight(use: str) -> None:
+    cfg = config("a", "b")
+    scheduler = SchedulerConfig(use=use, batch=BatchSettings(max_wait=0.05, min_residency=0.0))
+    routing = dataclasses.replace(cfg.routing, scheduler=scheduler)
+    router, _ = make_router(dataclasses.replace(cfg, routing=routing))
     await serve_once(router, "a")
     await router.wait_idle()
     handled = router._processed
