@@ -27,10 +27,8 @@ from llmswap.activity.recording import Recording, RequestFacts
 from llmswap.config.model import ModelConfig
 from llmswap.dispatch.filters import apply_plan, local_plan
 from llmswap.dispatch.pool import UpstreamPool, send
-from llmswap.process.state import ProcessState
 from llmswap.router.base import BaseRouter
-from llmswap.router.requests import Backlog
-from llmswap.router.types import ProcessLike
+from llmswap.router.types import NO_OPTIONS, AcquireOptions, ProcessLike
 
 log = logging.getLogger("llmswap.dispatch")
 
@@ -104,29 +102,20 @@ class Dispatcher:
     async def lease(
         self,
         model: str,
+        options: AcquireOptions = NO_OPTIONS,
         *,
         origin: Origin,
         router: BaseRouter | None = None,
-        priority: int = 0,
-        api_key: str | None = None,
-        on_admitted: Callable[[ProcessState], None] | None = None,
-        on_position: Callable[[int], None] | None = None,
-        deadline_ms: float | None = None,
-        on_granted: Callable[[float], None] | None = None,
-        backlog: Backlog = 0,
     ) -> AsyncIterator[Lease]:
         """Wait until `model` may serve and yield its lease; the router's `SchedulerError`s go through.
 
-        `router` is the one the caller read together with its config (default: the live one); the other
-        arguments are `BaseRouter.acquire`'s."""
+        `options` are `BaseRouter.acquire`'s; `router` is the one the caller read together with its config
+        (default: the live one)."""
         asked = self._clock()
         waited: float | None = None
         error: str | None = None
         try:
-            async with (router or self._router_of()).acquire(
-                model, priority=priority, api_key=api_key, on_admitted=on_admitted, on_position=on_position,
-                deadline_ms=deadline_ms, on_granted=on_granted, backlog=backlog,
-            ) as process:
+            async with (router or self._router_of()).acquire(model, options) as process:
                 waited = self._clock() - asked
                 yield Lease(process, self.pool.session(process.id, process.config.timeouts), waited)
         except BaseException as exc:
@@ -184,7 +173,7 @@ class Dispatcher:
         recording: Recording | None,
     ) -> UpstreamAnswer:
         held = contextlib.nullcontext(lease) if lease is not None else self.lease(
-            model, origin=origin, priority=priority)
+            model, AcquireOptions(priority=priority), origin=origin)
         async with held as lease:
             if recording is not None:
                 recording.waited(lease.waited)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from llmswap.config.model import Config
 from llmswap.gpu.reader import MemoryReader
 from llmswap.router.base import BaseRouter
-from llmswap.router.types import ProcessFactory, ProcessLike, SwapFinished, SwapStarted
+from llmswap.router.types import AcquireOptions, ProcessFactory, ProcessLike, SwapFinished, SwapStarted
 
 
 def build_router(
@@ -38,4 +38,7 @@ def build_router(
     raise ValueError(f"routing.router.use: unknown router {use!r} (valid: group, matrix, vram)")
 
 
-__all__ = ["BaseRouter", "ProcessFactory", "ProcessLike", "SwapFinished", "SwapStarted", "build_router"]
+__all__ = [
+    "AcquireOptions", "BaseRouter", "ProcessFactory", "ProcessLike", "SwapFinished", "SwapStarted",
+    "build_router",
+]

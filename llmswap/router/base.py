@@ -1,6 +1,9 @@
 """BaseRouter: owns the upstream processes, the event queue and the one run-loop task; implements `Effects`.
 
-Every scheduler call happens on `_run`, one event at a time, so scheduler state needs no locks. Slow work
+Every scheduler call happens on the event loop, one event at a time and in the queue's order, so scheduler
+state needs no locks: `_run` hands the scheduler each posted event; a request that finds the queue empty is
+offered to it directly (`Scheduler.try_grant_now`), and a request's end that finds it empty is handled
+directly (`_end`), since nothing is ahead of either and handling never awaits. Slow work
 (stopping victims, starting a model, stopping processes for an unload) runs in tasks started by the
 `Effects` methods, and its completion comes back through the same queue as an event. A request waits on
 two futures of its `Waiter`: `admitted` (passed admission: a loading stream may start) and `granted`.
@@ -222,61 +225,78 @@ class BaseRouter(RequestApi, RouterEffects):
         if self._run_task is not None and not self._run_task.done():
             self._events.put_nowait(event)
 
+    def _end(self, done: ServeDone) -> None:
+        """A granted request ended. With no event ahead of it in the queue, its ServeDone is handled here and
+        now, exactly as the run loop would handle it next (the order is the same, and handling never awaits);
+        otherwise, or once this router is retired or closing, it is posted behind the others."""
+        if self._events.empty() and not self._closing and not self.succession.retired and \
+                self._run_task is not None and not self._run_task.done():
+            self._handle(done)
+        else:
+            self._post(done)
+
     async def _run(self) -> None:
-        sched = self.scheduler
         while True:
             if self._events.empty():
                 self._idle.set()
             event = await self._events.get()
             self._idle.clear()
-            if self.succession.retired and not self._rerouting:
-                self._rerouting = True
-                # Before anything else: a retired scheduler must not start another swap, and every
-                # waiter goes on to wait on the successor (acquire catches Rerouted).
-                try:
-                    sched.on_shutdown(Rerouted(f"{self.name} was replaced by a config reload"))
-                except Exception:
-                    log.exception("router %s: error handing its waiters over", self.name)
+            if self._handle(event):
+                return
+
+    def _handle(self, event: object) -> bool:
+        """Hand one event to the scheduler (on the run loop, or a ServeDone with nothing ahead: `_end`);
+        True once the loop must end (Shutdown)."""
+        sched = self.scheduler
+        if self.succession.retired and not self._rerouting:
+            self._rerouting = True
+            # Before anything else: a retired scheduler must not start another swap, and every
+            # waiter goes on to wait on the successor (acquire catches Rerouted).
             try:
-                match event:
-                    case NewRequest(req):
-                        self._handled(req)
-                        sched.on_request(req)
-                    case CancelRequest(req):
-                        sched.on_cancel(req)
-                    case SwapDone():
-                        self._finish_swap(event)
-                        sched.on_swap_done(event)
-                    case ServeDone():
-                        sched.on_serve_done(event)
-                        # A successor may wait for this model to be free of this router's requests.
-                        self.succession.progress()
-                    case UnloadRequest(unload, done):
-                        self._unload_done = done
-                        try:
-                            sched.on_unload(unload)
-                        finally:
-                            if self._unload_done is not None:  # the scheduler stopped nothing
-                                resolve(self._unload_done)
-                                self._unload_done = None
-                    case StopDone():
-                        sched.on_stop_done(event)
-                    case ProcessStopped():
-                        sched.on_process_stopped(event)
-                    case Tick():
-                        self._tick_at = None
-                        sched.on_tick()
-                    case Shutdown():
-                        sched.on_shutdown(ShuttingDown(f"{self.name} is shutting down"))
-                        self._idle.set()
-                        return
-                    case _:
-                        log.error("router %s: unknown event %r", self.name, event)
+                sched.on_shutdown(Rerouted(f"{self.name} was replaced by a config reload"))
             except Exception:
-                # A scheduler bug must not kill the loop: every other waiter would hang forever.
-                log.exception("router %s: error handling %s", self.name, type(event).__name__)
-            self._processed += 1
-            self._arm_tick()
+                log.exception("router %s: error handing its waiters over", self.name)
+        try:
+            match event:
+                case NewRequest(req):
+                    self._handled(req)
+                    sched.on_request(req)
+                case CancelRequest(req):
+                    sched.on_cancel(req)
+                case SwapDone():
+                    self._finish_swap(event)
+                    sched.on_swap_done(event)
+                case ServeDone():
+                    sched.on_serve_done(event)
+                    # A successor may wait for this model to be free of this router's requests.
+                    self.succession.progress()
+                case UnloadRequest(unload, done):
+                    self._unload_done = done
+                    try:
+                        sched.on_unload(unload)
+                    finally:
+                        if self._unload_done is not None:  # the scheduler stopped nothing
+                            resolve(self._unload_done)
+                            self._unload_done = None
+                case StopDone():
+                    sched.on_stop_done(event)
+                case ProcessStopped():
+                    sched.on_process_stopped(event)
+                case Tick():
+                    self._tick_at = None
+                    sched.on_tick()
+                case Shutdown():
+                    sched.on_shutdown(ShuttingDown(f"{self.name} is shutting down"))
+                    self._idle.set()
+                    return True
+                case _:
+                    log.error("router %s: unknown event %r", self.name, event)
+        except Exception:
+            # A scheduler bug must not kill the loop: every other waiter would hang forever.
+            log.exception("router %s: error handling %s", self.name, type(event).__name__)
+        self._processed += 1
+        self._arm_tick()
+        return False
 
     def _arm_tick(self) -> None:
         deadline = self.scheduler.next_deadline()

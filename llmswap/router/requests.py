@@ -1,7 +1,10 @@
 """The router's request API: `acquire` a model (wait for the scheduler's grant, serve, report the end),
 and `load_of`, what a request arriving now would meet (selectors read it).
 
-A mixin of `BaseRouter` (`llmswap.router.base`), which owns the run loop these methods post to.
+A mixin of `BaseRouter` (`llmswap.router.base`), which owns the run loop these methods post to. A request
+that arrives while no event waits in that loop's queue is offered to the scheduler directly
+(`Scheduler.try_grant_now`): when its model is ready and free it is granted without the round trip through
+the queue; otherwise it is posted like any other.
 """
 
 from __future__ import annotations
@@ -10,16 +13,23 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from llmswap.process.state import ProcessState
 from llmswap.router.succession import Succession
-from llmswap.router.types import CancelRequest, NewRequest, ProcessLike, Rerouted, Waiter
+from llmswap.router.types import (
+    NO_OPTIONS,
+    AcquireOptions,
+    Backlog,
+    CancelRequest,
+    NewRequest,
+    ProcessLike,
+    Rerouted,
+    Waiter,
+)
 from llmswap.scheduler.errors import Preempted, ShuttingDown
 from llmswap.scheduler.types import HandlerRequest, ModelLoad, Scheduler, ServeDone
-
-# How many more requests for the model the caller has queued behind this one, or a function that reads it.
-Backlog = int | Callable[[], int]
 
 
 class RequestApi:
@@ -39,6 +49,7 @@ class RequestApi:
 
     if TYPE_CHECKING:  # provided by BaseRouter (its run loop) and RouterEffects
         def _post(self, event: object) -> None: ...
+        def _end(self, done: ServeDone) -> None: ...
         def model_state(self, model: str) -> ProcessState | None: ...
 
     def _handled(self, req: HandlerRequest) -> None:
@@ -47,50 +58,34 @@ class RequestApi:
 
 
     @contextlib.asynccontextmanager
-    async def acquire(
-        self,
-        model: str,
-        *,
-        priority: int = 0,
-        api_key: str | None = None,
-        on_admitted: Callable[[ProcessState], None] | None = None,
-        on_position: Callable[[int], None] | None = None,
-        deadline_ms: float | None = None,
-        on_granted: Callable[[float], None] | None = None,
-        backlog: Backlog = 0,
-    ) -> AsyncIterator[ProcessLike]:
+    async def acquire(self, model: str, options: AcquireOptions = NO_OPTIONS) -> AsyncIterator[ProcessLike]:
         """Wait until `model` may serve, yield its process, and report the end of the request.
 
         Raises the `SchedulerError` the scheduler chose (unknown model, limits, failed swap...). Honours
         cancellation at every point: a cancelled waiter leaves the queue and never triggers a swap.
-        `deadline_ms`: when it should be served by, after now; `on_granted(load)` is told, once granted,
-        how many seconds of its wait its model spent loading. `backlog`: how many more requests for `model`
-        its caller has queued behind this one (`HandlerRequest.backlog`), or a function that reads it: read
-        as the request is posted and again as it ends (`ServeDone.backlog`), so the scheduler sees it grow.
+        `options` (`AcquireOptions`): its priority, key, deadline and backlog, and whom to tell what.
         """
-        deadline = self.clock() + deadline_ms / 1000 if deadline_ms else None
+        deadline = self.clock() + options.deadline_ms / 1000 if options.deadline_ms else None
         granted: tuple[str, HandlerRequest] | None = None
         if self.succession.outgoing is None:
-            granted, told = await self._wait_for_grant(model, priority, api_key, on_admitted, on_position,
-                                                       deadline, backlog)
+            granted, told = await self._wait_for_grant(model, options, deadline)
             if told:  # a loading stream has already begun and must not begin twice
-                on_admitted = None
+                options = replace(options, on_admitted=None)
         if granted is None:
             # This router was retired, before the request came or while it waited: the successor decides,
             # with the same deadline (what is left of it; already late: barely any).
             assert self.succession.outgoing is not None
+            left = None if deadline is None else max(1e-3, (deadline - self.clock()) * 1000)
             async with self.succession.outgoing.successor.acquire(
-                model, priority=priority, api_key=api_key, on_admitted=on_admitted, on_position=on_position,
-                deadline_ms=None if deadline is None else max(1e-3, (deadline - self.clock()) * 1000),
-                on_granted=on_granted, backlog=backlog,
+                model, replace(options, deadline_ms=left),
             ) as process:
                 yield process
             return
         granted_model, req = granted
         process = self.processes[granted_model]
         waiter: Waiter = req.handle
-        if on_granted is not None:
-            on_granted(waiter.load)
+        if options.on_granted is not None:
+            options.on_granted(waiter.load)
         task = waiter.task = asyncio.current_task()
         try:
             if waiter.preempted is not None:  # preempted between its grant and now
@@ -107,28 +102,31 @@ class RequestApi:
             # Ended: a preemption decided before the run loop reads ServeDone must not cancel whatever
             # the task does next (a task lane recording this very answer).
             waiter.task = None
-            # The scheduler counts it out; a successor waiting for the model learns in _run.
-            self._post(ServeDone(granted_model, req, _read(backlog)))
+            # The scheduler counts it out (on the spot when nothing waits ahead of it: `_end`); a successor
+            # waiting for the model learns as it is handled.
+            self._end(ServeDone(granted_model, req, _read(options.backlog)))
 
     async def _wait_for_grant(
-        self,
-        model: str,
-        priority: int,
-        api_key: str | None,
-        on_admitted: Callable[[ProcessState], None] | None,
-        on_position: Callable[[int], None] | None,
-        deadline: float | None,
-        backlog: Backlog = 0,
+        self, model: str, options: AcquireOptions, deadline: float | None,
     ) -> tuple[tuple[str, HandlerRequest] | None, bool]:
         """The granted model and request (None: rerouted to a successor), and whether `on_admitted` ran."""
         if self._closing or self._run_task is None:
             raise ShuttingDown(f"{self.name} is shutting down")
         loop = asyncio.get_running_loop()
-        waiter = Waiter(loop.create_future(), loop.create_future(), on_position)
+        waiter = Waiter(loop.create_future(), loop.create_future(), options.on_position)
         req = HandlerRequest(
-            model=model, seq=next(self._seq), arrived=self.clock(), priority=priority,
-            api_key=api_key, handle=waiter, deadline=deadline, backlog=_read(backlog),
+            model=model, seq=next(self._seq), arrived=self.clock(), priority=options.priority,
+            api_key=options.api_key, handle=waiter, deadline=deadline, backlog=_read(options.backlog),
         )
+        on_admitted = options.on_admitted
+        # The fast path: with no event ahead of it in the queue, the scheduler sees the world exactly as the
+        # run loop would when it took this request, so it may grant it here, synchronously, when it would
+        # grant it at once anyway (its model ready and free, nothing waiting that comes first). The request
+        # is then in flight on the scheduler's books as any other, until its ServeDone (`_end`).
+        if self._events.empty() and self.scheduler.try_grant_now(req):  # a fresh waiter: always granted
+            if on_admitted is not None:
+                on_admitted(self.model_state(model) or ProcessState.STOPPED)
+            return (waiter.granted.result(), req), on_admitted is not None
         self._unhandled[model] = self._unhandled.get(model, 0) + 1
         self._events.put_nowait(NewRequest(req))
         told = False

@@ -10,29 +10,20 @@ writes it, through `link` and `unlink`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 from llmswap.process.events import ProcessEvent
 from llmswap.process.state import ProcessState
-from llmswap.router.types import ProcessLike
+from llmswap.router.types import NO_OPTIONS, AcquireOptions, ProcessLike
 
 
 class SuccessorRouter(Protocol):
     """What a retired router hands its work to."""
 
     def acquire(
-        self,
-        model: str,
-        *,
-        priority: int = 0,
-        api_key: str | None = None,
-        on_admitted: Callable[[ProcessState], None] | None = None,
-        on_position: Callable[[int], None] | None = None,
-        deadline_ms: float | None = None,
-        on_granted: Callable[[float], None] | None = None,
-        backlog: int | Callable[[], int] = 0,
+        self, model: str, options: AcquireOptions = NO_OPTIONS,
     ) -> contextlib.AbstractAsyncContextManager[ProcessLike]: ...
     async def unload(self, models: Iterable[str] | None = None, timeout: float | None = None) -> None: ...
     def on_process_event(self, event: ProcessEvent) -> None: ...

@@ -1,4 +1,5 @@
-"""The router's vocabulary: what it needs of a process, what a waiting request holds, what observers hear.
+"""The router's vocabulary: what it needs of a process, how a request asks (`AcquireOptions`), what a waiting
+request holds, what observers hear.
 
 Observers receive `RouterEvent`s: a swap committed (`SwapStarted`), a swap ended (`SwapFinished`), or a
 process's own `ProcessEvent`. All are frozen dataclasses; nobody reads log text.
@@ -49,6 +50,28 @@ class ProcessLike(Protocol):
 
 ProcessEventSink = Callable[[ProcessEvent], None]
 ProcessFactory = Callable[[ModelConfig, ProcessEventSink], ProcessLike]
+
+# How many more requests for the model the caller has queued behind this one, or a function that reads it.
+Backlog = int | Callable[[], int]
+
+
+@dataclass(frozen=True)
+class AcquireOptions:
+    """How one request asks a router for its model (`acquire`, `Dispatcher.lease`); the defaults: a plain
+    request at priority 0, no key, no deadline, nobody told anything."""
+
+    priority: int = 0  # the X-Priority header or the API key's default
+    api_key: str | None = None  # identity for per-key limits (maxConcurrent)
+    deadline_ms: float | None = None  # when it should be served by, milliseconds after it is asked
+    # How many more requests for the model its caller has queued behind it (`HandlerRequest.backlog`), or a
+    # function that reads it: read as the request is posted and again as it ends (`ServeDone.backlog`).
+    backlog: Backlog = 0
+    on_admitted: Callable[[ProcessState], None] | None = None  # passed admission: the model's state then
+    on_position: Callable[[int], None] | None = None  # its 1-based place in the queue changed
+    on_granted: Callable[[float], None] | None = None  # granted: seconds of its wait its model spent loading
+
+
+NO_OPTIONS = AcquireOptions()
 
 
 @dataclass(eq=False)

@@ -46,6 +46,11 @@ class FifoScheduler(QueueScheduler):
             self._publish_positions()
             self._abort_unwanted_swaps()
 
+    def _may_skip_queue(self, model: str) -> bool:
+        # A newcomer is placed before the queue is re-read (`_accept`), so only a queued request of its own
+        # model could be overtaken.
+        return not self._queued_for(model)
+
     def _drain(self) -> None:
         """One pass over the queue, in order; swaps started here are seen by the requests after."""
         if not self._queued():

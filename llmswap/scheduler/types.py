@@ -1,10 +1,11 @@
 """The scheduling contracts: events in, `Effects` out, pure `Scheduler` and `Swapper` in between.
 
-Every `Scheduler.on_*` call happens on the router's single run-loop task, one event at a time, so
-scheduler state needs no locks. A scheduler never awaits, never does I/O and never reads a clock
-directly: it is handed one (`Clock`) and acts on the world only through `Effects`. Slow work
-(loading a model, stopping processes) is started through `Effects` and its completion comes back
-as another event, so no decision ever waits for it.
+Every `Scheduler.on_*` call happens on the router's event loop, one event at a time and in order (its
+run-loop task, or a request's task when no event waits before it), so scheduler state needs no locks.
+A scheduler never awaits, never does I/O and never reads a clock directly: it is handed one (`Clock`)
+and acts on the world only through `Effects`. Slow work (loading a model, stopping processes) is
+started through `Effects` and its completion comes back as another event, so no decision ever waits
+for it.
 """
 
 from __future__ import annotations
@@ -145,6 +146,10 @@ class Effects(Protocol):
 
 class Scheduler(Protocol):
     def on_request(self, req: HandlerRequest) -> None: ...
+    def try_grant_now(self, req: HandlerRequest) -> bool:
+        """Grant `req` at once, as `on_request` would, when that is all `on_request` would do (its model
+        ready and free, within every limit, nothing queued that comes first); False: nothing changed, and
+        `req` must go through `on_request`. Asked only when no other event is pending before it."""
     def on_cancel(self, req: HandlerRequest) -> None: ...
     def on_swap_done(self, ev: SwapDone) -> None: ...
     def on_serve_done(self, ev: ServeDone) -> None: ...

@@ -19,6 +19,7 @@ from aiohttp import web
 from llmswap import __version__
 from llmswap.config.model import Capabilities, Config, ModelConfig
 from llmswap.process.state import ProcessState
+from llmswap.router import AcquireOptions
 from llmswap.router.base import ProcessLike
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.scheduler.types import SchedulerSnapshot
@@ -232,8 +233,9 @@ async def _load(request: web.Request, model_id: str) -> web.StreamResponse:
     router = state(request).router
     key = request_api_key(request)
     try:
-        async with router.acquire(model_id, priority=key.priority if key is not None else 0,
-                                  api_key=key.key if key is not None else None) as process:
+        asking = AcquireOptions(priority=key.priority if key is not None else 0,
+                                api_key=key.key if key is not None else None)
+        async with router.acquire(model_id, asking) as process:
             last_start = process.last_start_duration
     except SchedulerError as err:
         return scheduler_error_response(request, err)

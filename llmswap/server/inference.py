@@ -20,7 +20,7 @@ from llmswap.activity.recording import Recording
 from llmswap.config.model import Config, ModelConfig, PeerConfig
 from llmswap.dispatch.filters import FilterPlan, apply_plan, local_plan, plan_for
 from llmswap.process.state import ProcessState
-from llmswap.router import BaseRouter
+from llmswap.router import AcquireOptions, BaseRouter
 from llmswap.scheduler.errors import Preempted, SchedulerError
 from llmswap.server import guardrails, middleware
 from llmswap.server.activity_api import begin_http, recorded
@@ -291,17 +291,15 @@ async def _serve_local(
         return error_response(request, 400, refusal, code="context_length_exceeded", param="messages")
     key = request_api_key(request)
     try:
-        async with dispatcher(server).lease(
-            model.id,
-            origin="http",
-            router=router,
+        asking = AcquireOptions(
             priority=incoming.priority,
-            deadline_ms=incoming.deadline_ms or model.deadline_ms or None,
             api_key=key.key if key is not None else None,
+            deadline_ms=incoming.deadline_ms or model.deadline_ms or None,
             on_admitted=on_admitted,
             on_position=on_position,
             on_granted=on_granted,
-        ) as lease:
+        )
+        async with dispatcher(server).lease(model.id, asking, origin="http", router=router) as lease:
             middleware.note_wait(request, lease.waited)
             recording.waited(max(0.0, lease.waited - load), load or None)
             loading_response = await feedback.finish() if feedback is not None else None

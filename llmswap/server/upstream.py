@@ -26,6 +26,7 @@ from aiohttp import web
 from llmswap.activity.recording import Recording
 from llmswap.config.model import Config
 from llmswap.process.state import ProcessState
+from llmswap.router import AcquireOptions
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.server import proxy, websocket
 from llmswap.server.activity_api import begin_http, recorded
@@ -212,9 +213,9 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str)
     key = request_api_key(request)
     try:
         async with contextlib.AsyncExitStack() as stack:
-            waiting = stack.enter_async_context(proxy.dispatcher(server).lease(
-                target.model, origin="http", priority=priority, api_key=key.key if key is not None else None,
-            ))
+            asking = AcquireOptions(priority=priority, api_key=key.key if key is not None else None)
+            lease_of = proxy.dispatcher(server).lease(target.model, asking, origin="http")
+            waiting = stack.enter_async_context(lease_of)
             lease = await proxy.while_connected(request, waiting, on_gone=lambda: None)
             if lease is None:
                 return web.Response(status=CLIENT_GONE)
@@ -233,9 +234,9 @@ async def _to_model(
     key = request_api_key(request)
     try:
         async with contextlib.AsyncExitStack() as stack:
-            waiting = stack.enter_async_context(proxy.dispatcher(server).lease(
-                model_id, origin="http", priority=priority, api_key=key.key if key is not None else None,
-            ))
+            asking = AcquireOptions(priority=priority, api_key=key.key if key is not None else None)
+            lease_of = proxy.dispatcher(server).lease(model_id, asking, origin="http")
+            waiting = stack.enter_async_context(lease_of)
             # A client that hangs up while its request waits leaves the queue.
             lease = await proxy.while_connected(request, waiting, on_gone=lambda: None)
             if lease is None:

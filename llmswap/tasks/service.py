@@ -26,6 +26,7 @@ from typing import Any
 from llmswap.config.model import Config, TasksConfig
 from llmswap.dispatch import Dispatcher, UpstreamUnreachable
 from llmswap.dispatch.dispatcher import Lease, Origin
+from llmswap.router import AcquireOptions
 from llmswap.scheduler.errors import Preempted, SchedulerError, ShuttingDown
 from llmswap.tasks.batch_store import BATCH_TYPE_PREFIX, batch_types_queued, init_batch_tables
 from llmswap.tasks.batches import Batches
@@ -249,10 +250,11 @@ class TaskService:
         origin: Origin = "batch" if task_type.startswith(BATCH_TYPE_PREFIX) else "task"
         while True:
             try:
-                async with self.dispatcher.lease(
-                    model, origin=origin, priority=self.tasks.priority,
+                asking = AcquireOptions(
+                    priority=self.tasks.priority,
                     backlog=lambda: self.lanes.depth(task_type),  # what the lane has queued behind this task
-                ) as lease:
+                )
+                async with self.dispatcher.lease(model, asking, origin=origin) as lease:
                     token = _GRANT.set(lease)
                     try:
                         await self._claim_and_run(task_type, item)

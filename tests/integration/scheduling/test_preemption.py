@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from llmswap.config.model import SchedulerConfig
-from llmswap.router import build_router
+from llmswap.router import AcquireOptions, build_router
 from llmswap.scheduler.errors import Preempted
 from llmswap.scheduler.preemption import REASON_PRIORITY
 from tests.helpers.models import demo_config, exclusive_config
@@ -37,7 +37,8 @@ async def test_an_interactive_request_preempts_a_streaming_background_request() 
 
             async def background() -> int:
                 chunks = 0
-                async with router.acquire("bg", priority=TASK_PRIORITY) as process, session.post(
+                as_task = AcquireOptions(priority=TASK_PRIORITY)
+                async with router.acquire("bg", as_task) as process, session.post(
                     f"{process.config.proxy}/v1/chat/completions", json={**body, "model": "bg"}
                 ) as response:
                     async for _ in response.content:
@@ -50,7 +51,7 @@ async def test_an_interactive_request_preempts_a_streaming_background_request() 
 
             await eventually(serving, what="bg serving")
 
-            async with router.acquire("chat", priority=0) as process, session.post(
+            async with router.acquire("chat", AcquireOptions(priority=0)) as process, session.post(
                 f"{process.config.proxy}/v1/chat/completions",
                 json={"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
             ) as response:

@@ -8,7 +8,7 @@ import pytest
 
 from llmswap.config.model import Config, GroupConfig, ModelConfig, RouterConfig, RoutingConfig
 from llmswap.process.state import ProcessState
-from llmswap.router import build_router
+from llmswap.router import AcquireOptions, build_router
 from llmswap.router.base import BaseRouter
 from llmswap.router.types import SwapFinished, SwapStarted
 from llmswap.scheduler.errors import ConcurrencyLimit, ModelNotFound, ModelUnloaded, ShuttingDown, SwapFailed
@@ -246,6 +246,6 @@ async def test_a_backlog_that_grew_while_its_request_ran_keeps_the_model_for_the
 async def _serve_with_backlog(
     router: BaseRouter, model: str, behind: list[int], hold: asyncio.Event | None
 ) -> None:
-    async with router.acquire(model, backlog=lambda: behind[0]):
+    async with router.acquire(model, AcquireOptions(backlog=lambda: behind[0])):
         if hold is not None:
             await hold.wait()

@@ -13,7 +13,7 @@ import pytest
 
 from llmswap.config.model import Config, GroupConfig, ModelConfig, RouterConfig, RoutingConfig
 from llmswap.process.state import ProcessState
-from llmswap.router import build_router
+from llmswap.router import AcquireOptions, build_router
 from llmswap.router.base import BaseRouter
 from llmswap.router.handover import adoptable, same_model, successor_router
 from llmswap.scheduler.errors import ConcurrencyLimit
@@ -184,7 +184,7 @@ async def test_loading_callback_fires_once_for_a_waiter_moved_to_the_successor()
     admitted: list[ProcessState] = []
 
     async def wait_for_b() -> object:
-        async with old.acquire("b", on_admitted=admitted.append) as process:
+        async with old.acquire("b", AcquireOptions(on_admitted=admitted.append)) as process:
             return process
 
     queued = asyncio.create_task(wait_for_b())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from llmswap.router import AcquireOptions
 from llmswap.scheduler.types import HandlerRequest
 from tests.unit.router.test_base_router import config, make_router
 
@@ -21,7 +22,7 @@ async def test_a_preemption_after_the_request_ended_does_not_cancel_its_task() -
     router.grant_serve = recording_grant  # type: ignore[method-assign]
 
     async def serve_then_record() -> str:
-        async with router.acquire("a", priority=-10):
+        async with router.acquire("a", AcquireOptions(priority=-10)):
             pass
         # Ended; as if the run loop read a higher-priority request before this one's ServeDone.
         router.preempt(granted[0], "preempted late (routing.scheduler.settings.preemptBelow: 0)")
