@@ -19,6 +19,7 @@ from collections.abc import Awaitable
 from aiohttp import web
 
 from llmswap.activity.recording import Recording
+from llmswap.router import AcquireOptions
 from llmswap.scheduler.errors import Preempted, SchedulerError
 from llmswap.server import guardrails
 from llmswap.server.activity_api import begin_http, recorded
@@ -119,15 +120,14 @@ async def _leased(conn: Connection, request: FrontRequest, plan: FastPlan, recor
 
     key = plan.key
     try:
-        async with dispatcher(request.app[STATE]).lease(
-            model.id,
-            origin="http",
-            router=plan.router,
+        asking = AcquireOptions(
             priority=plan.priority,
-            deadline_ms=plan.deadline_ms or model.deadline_ms or None,
             api_key=key.key if key is not None else None,
+            deadline_ms=plan.deadline_ms or model.deadline_ms or None,
             on_granted=on_granted,
-        ) as lease:
+        )
+        async with dispatcher(request.app[STATE]).lease(model.id, asking, origin="http",
+                                                        router=plan.router) as lease:
             note_wait(request, lease.waited)  # type: ignore[arg-type]
             recording.waited(max(0.0, lease.waited - load), load or None)
             await guardrails.learn_reported_context(request.app, lease.config, lease.session)
