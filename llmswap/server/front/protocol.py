@@ -78,6 +78,8 @@ class FrontConnection(asyncio.Protocol):
         self._hand_over_at: int | None = None  # stream offset of the first request aiohttp answers
         self.serving: asyncio.Task[None] | None = None
         self._head_timer: asyncio.TimerHandle | None = None
+        self._head_due: float | None = None  # loop time by which a complete request head must be in
+        self._head_timeout = 0.0
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
         self._reading_paused = False
@@ -95,7 +97,7 @@ class FrontConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.gone = True
-        self._disarm_head_timer()
+        self._stop_head_timer()
         self.front.released(self)
         if self._drained is not None and not self._drained.done():
             self._drained.set_exception(ConnectionResetError("the client closed the connection"))
@@ -284,7 +286,7 @@ class FrontConnection(asyncio.Protocol):
         assert self._hand_over_at is not None and self.transport is not None
         rest = bytes(self._buffer[self._hand_over_at - self._origin:])
         self._buffer = bytearray()
-        self._disarm_head_timer()
+        self._stop_head_timer()
         if self._reading_paused:
             self._reading_paused = False
             self.transport.resume_reading()
@@ -292,19 +294,36 @@ class FrontConnection(asyncio.Protocol):
         self.front.hand_over(self.transport, rest, write_paused=self._write_paused)
 
     def _arm_head_timer(self) -> None:
-        self._disarm_head_timer()
+        # One timer per connection, moved rather than replaced: a keep-alive connection answering thousands
+        # of requests a second would otherwise schedule and cancel a timer for each.
         timeout = self.front.header_timeout()
-        if timeout > 0:
-            self._head_timer = asyncio.get_running_loop().call_later(timeout, self._head_overdue, timeout)
+        if timeout <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        self._head_due = loop.time() + timeout
+        self._head_timeout = timeout
+        if self._head_timer is None:
+            self._head_timer = loop.call_at(self._head_due, self._head_overdue)
 
     def _disarm_head_timer(self) -> None:
+        self._head_due = None  # the timer, when it fires, finds nothing due and goes away
+
+    def _stop_head_timer(self) -> None:
+        self._head_due = None
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
 
-    def _head_overdue(self, timeout: float) -> None:
+    def _head_overdue(self) -> None:
         self._head_timer = None
+        due = self._head_due
+        if due is None or self.gone:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() < due:
+            self._head_timer = loop.call_at(due, self._head_overdue)
+            return
         if self.serving is None and not self._waiting and self._hand_over_at is None:
             log.debug("closing a connection from %s: no complete request within %gs (clientHeaderTimeout)",
-                      self.remote, timeout)
+                      self.remote, self._head_timeout)
             self.cut()
