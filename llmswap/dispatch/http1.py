@@ -134,6 +134,9 @@ class Upstream:
         self._idle: dict[Origin, list[Connection]] = {}
         self._open: set[Connection] = set()
         self._closed = False
+        # One timer for the whole pool closes connections idle longer than `idle_conn` (one per
+        # connection would cost a timer heap push and cancel per request).
+        self._sweep: asyncio.TimerHandle | None = None
 
     async def request(
         self,
@@ -175,9 +178,6 @@ class Upstream:
         idle = self._idle.get(origin)
         while idle:
             connection = idle.pop()
-            if connection.idle_timer is not None:
-                connection.idle_timer.cancel()
-                connection.idle_timer = None
             transport = connection.transport
             if not connection.lost and transport is not None and not transport.is_closing():
                 return connection
@@ -217,17 +217,35 @@ class Upstream:
         if self._closed or len(idle) >= MAX_IDLE_PER_ORIGIN:
             connection.abort()
             return
+        loop = asyncio.get_running_loop()
+        connection.idle_since = loop.time()
         idle.append(connection)
-        if self.timeouts.idle_conn > 0:
-            connection.idle_timer = asyncio.get_running_loop().call_later(
-                self.timeouts.idle_conn, connection.abort)
+        if self.timeouts.idle_conn > 0 and self._sweep is None:
+            self._sweep = loop.call_later(self.timeouts.idle_conn, self._close_expired)
+
+    def _close_expired(self) -> None:
+        """Close the connections idle for `idle_conn` or longer; come back when the next one will be."""
+        self._sweep = None
+        loop = asyncio.get_running_loop()
+        expiry = loop.time() - self.timeouts.idle_conn
+        oldest: float | None = None
+        for idle in self._idle.values():
+            # Each list is in the order connections came back: the expired ones are at its start.
+            expired = 0
+            while expired < len(idle) and idle[expired].idle_since <= expiry:
+                expired += 1
+            for connection in idle[:expired]:
+                connection.abort()
+            del idle[:expired]
+            if idle:
+                first = idle[0].idle_since
+                oldest = first if oldest is None else min(oldest, first)
+        if oldest is not None:
+            self._sweep = loop.call_at(oldest + self.timeouts.idle_conn, self._close_expired)
 
     def _forget(self, connection: Connection) -> None:
         """A connection closed (by either side): out of the pool at once."""
         self._open.discard(connection)
-        if connection.idle_timer is not None:
-            connection.idle_timer.cancel()
-            connection.idle_timer = None
         idle = self._idle.get(connection.origin)
         if idle and connection in idle:
             idle.remove(connection)
@@ -239,6 +257,9 @@ class Upstream:
     def close(self) -> None:
         """Close every connection, idle or busy; later requests fail."""
         self._closed = True
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         for connection in list(self._open):
             connection.abort()
         self._idle.clear()

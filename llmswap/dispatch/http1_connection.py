@@ -44,7 +44,7 @@ class Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.served = 0  # answers completed on it
         self.lost = False
-        self.idle_timer: asyncio.TimerHandle | None = None
+        self.idle_since = 0.0  # loop time it went back to the pool
         # The exchange in progress (`busy`).
         self.busy = False
         self.head: asyncio.Future[None] | None = None  # done when the answer's headers are in

@@ -215,6 +215,22 @@ async def test_a_connection_the_upstream_closed_while_idle_leaves_the_pool_and_f
         assert up.connections == 2
 
 
+async def test_a_connection_idle_longer_than_idle_conn_is_closed() -> None:
+    async def answer_then_watch(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                                up: Scripted) -> None:
+        await up.read_request(reader)
+        writer.write(ok(b"hello"))
+        await up.wait_client_close(reader)
+
+    async with scripted(answer_then_watch) as up:
+        pool = Upstream(Timeouts(idle_conn=0.05))
+        async with await pool.request("GET", url(up), {}, None) as answer:
+            assert await answer.read() == b"hello"
+        assert pool.idle_count() == 1
+        await asyncio.wait_for(up.client_closed.wait(), 10)
+        assert pool.idle_count() == 0
+
+
 async def test_a_pooled_connection_to_an_upstream_that_restarted_is_replaced() -> None:
     async with running_demo("r") as demo:
         port = demo.port
