@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import socket
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -210,6 +211,7 @@ class Upstream:
             connection.abort()
             raise UpstreamClosed("the upstream pool is closed (the server is shutting down)")
         self._open.add(connection)
+        _keep_alive_probes(connection, self.timeouts.keepalive)
         return connection
 
     def _put(self, connection: Connection) -> None:
@@ -263,6 +265,18 @@ class Upstream:
         for connection in list(self._open):
             connection.abort()
         self._idle.clear()
+
+
+def _keep_alive_probes(connection: Connection, seconds: float) -> None:
+    """TCP keep-alive probes after `seconds` idle, then every `seconds` (`timeouts.keepalive`, as Go's
+    dialer): a peer that vanished without closing is noticed even while nothing is sent."""
+    sock = connection.transport.get_extra_info("socket") if connection.transport is not None else None
+    if sock is None or seconds <= 0:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option in ("TCP_KEEPIDLE", "TCP_KEEPINTVL"):
+        if hasattr(socket, option):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), max(1, int(seconds)))
 
 
 def _request_head(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import socket
 import ssl
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -93,7 +94,7 @@ def url(up: Scripted, path: str = "/v1/x") -> URL:
     return URL(up.url + path)
 
 
-async def test_a_sized_answer_is_read_and_its_connection_reused() -> None:
+async def test_a_sized_answer_is_read_and_its_connection_reused_with_tcp_keep_alive_probes() -> None:
     async with scripted(answer_each) as up:
         pool = Upstream(Timeouts())
         first, second = Attempt(), Attempt()
@@ -104,6 +105,11 @@ async def test_a_sized_answer_is_read_and_its_connection_reused() -> None:
                 assert answer.headers.get("content-length") == "5"
                 assert await answer.read() == b"hello"
         assert up.connections == 1
+        [connection] = pool._idle[("http", "127.0.0.1", url(up).port or 0)]
+        assert connection.transport is not None
+        sock = connection.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1  # timeouts.keepalive: 30 s
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
         assert (first.reused, first.handed_over) == (False, True)
         assert (second.reused, second.handed_over) == (True, True)
 
