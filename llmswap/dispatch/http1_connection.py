@@ -75,7 +75,7 @@ class Connection(asyncio.Protocol):
             return
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:  # nobody asked to upgrade
             self._fail(UpstreamProtocolError(f"the upstream's answer is not valid HTTP/1.1 ({exc})"))
             self.abort()
 

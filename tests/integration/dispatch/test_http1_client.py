@@ -175,6 +175,23 @@ async def test_bytes_that_are_not_http_fail_the_request() -> None:
             await Upstream(Timeouts()).request("GET", url(up), {}, None)
 
 
+async def test_an_interim_answer_is_skipped_and_a_switch_of_protocols_nobody_asked_for_fails() -> None:
+    async def interim(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up: Scripted) -> None:
+        await up.read_request(reader)
+        writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n" + ok(b"final"))
+        await up.read_request(reader)
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+        await up.wait_client_close(reader)
+
+    async with scripted(interim) as up:
+        pool = Upstream(Timeouts())
+        async with await pool.request("GET", url(up), {}, None) as answer:
+            assert answer.status == 200 and "Link" not in answer.headers
+            assert await answer.read() == b"final"
+        with pytest.raises(UpstreamProtocolError):
+            await pool.request("GET", url(up), {}, None)
+
+
 async def test_a_slow_reader_pauses_the_upstream_and_still_gets_every_byte() -> None:
     total = 16 * 1024 * 1024
     block = b"x" * 65536
