@@ -220,7 +220,7 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str)
                 return web.Response(status=CLIENT_GONE)
             # The grant's config, not the one read above: a reload may have changed the model meanwhile.
             url = proxy.upstream_url(lease.config.proxy, target.path, query)
-            session = proxy.upstream_pool(server).websocket_session(target.model, lease.config.timeouts)
+            session = pool.websocket_session(target.model, lease.config.timeouts)
             return await websocket.relay(request, url, session, model=target.model)
     except SchedulerError as err:
         return scheduler_error_response(request, err)
