@@ -1,8 +1,9 @@
 """One dispatch path for every request to a local model: an HTTP request, a task, a batch request.
 
-`Dispatcher.lease` acquires the model from the live router, hands the caller the pool's session for it
-(so the model's `timeouts` apply, and only they), releases the model when the caller is done and completes
-the request's `DispatchRecord`, the one place observers (metrics, activity) learn how it went.
+`Dispatcher.lease` acquires the model from the live router, hands the caller the pool's `Upstream` for it
+(its keep-alive connections, so the model's `timeouts` apply, and only they), releases the model when the
+caller is done and completes the request's `DispatchRecord`, the one place observers (metrics, activity)
+learn how it went.
 `Dispatcher.post_json` is the whole path for a JSON request that wants its whole answer (tasks, batches):
 the model's filters, the POST, the answer. HTTP routes stream through `llmswap.server.proxy.forward` on a
 lease instead.
@@ -18,7 +19,6 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -26,7 +26,7 @@ from llmswap.activity.recorder import ActivityRecorder
 from llmswap.activity.recording import Recording, RequestFacts
 from llmswap.config.model import ModelConfig
 from llmswap.dispatch.filters import apply_plan, local_plan
-from llmswap.dispatch.pool import UpstreamPool, send
+from llmswap.dispatch.pool import Upstream, UpstreamPool, send
 from llmswap.router.base import BaseRouter
 from llmswap.router.types import NO_OPTIONS, AcquireOptions, ProcessLike
 
@@ -51,10 +51,10 @@ DispatchObserver = Callable[[DispatchRecord], None]
 
 @dataclass(frozen=True)
 class Lease:
-    """A granted request: the model's process and the pool's session for it."""
+    """A granted request: the model's process and the pool's connections to it."""
 
     process: ProcessLike
-    session: aiohttp.ClientSession
+    upstream: Upstream
     waited: float
 
     @property
@@ -117,7 +117,7 @@ class Dispatcher:
         try:
             async with (router or self._router_of()).acquire(model, options) as process:
                 waited = self._clock() - asked
-                yield Lease(process, self.pool.session(process.id, process.config.timeouts), waited)
+                yield Lease(process, self.pool.upstream(process.id, process.config.timeouts), waited)
         except BaseException as exc:
             error = str(exc) or type(exc).__name__
             raise
@@ -185,17 +185,17 @@ class Dispatcher:
             limit = lease.response_header_timeout
             headers = CIMultiDict({"Content-Type": "application/json"})
             try:
-                response = await send(lease.session, "POST", url, headers, data, limit)
+                response = await send(lease.upstream, "POST", url, headers, data, limit)
             except TimeoutError as exc:
                 raise UpstreamUnreachable(
                     f"{model} sent no response headers within {limit:g}s (timeouts.responseHeader)"
                 ) from exc
-            except (aiohttp.ClientError, OSError) as exc:
+            except OSError as exc:
                 raise UpstreamUnreachable(f"{model} could not be reached: {exc}") from exc
             try:
                 async with response:
                     raw = await response.read()
-            except (aiohttp.ClientError, OSError) as exc:
+            except OSError as exc:
                 raise UpstreamUnreachable(f"{model} broke off its answer: {exc}") from exc
             if recording is not None:
                 recording.response_headers(response.status, response.headers)

@@ -18,16 +18,19 @@ and roles add tokens, which the estimate leaves out for the same reason.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
 
 from llmswap.config.model import ModelConfig
+from llmswap.dispatch.pool import Upstream, send
 
 log = logging.getLogger("llmswap.guardrails")
 
@@ -117,7 +120,7 @@ def over_context(app: web.Application, model: ModelConfig,
 
 
 async def learn_reported_context(app: web.Application, model: ModelConfig,
-                                 session: aiohttp.ClientSession) -> None:
+                                 upstream: Upstream) -> None:
     """Read the upstream's n_ctx once per model and command line (llama-server's GET /props)."""
     key = (model.id, model.cmd_text)
     reported = app[REPORTED]
@@ -126,11 +129,12 @@ async def learn_reported_context(app: web.Application, model: ModelConfig,
     reported[key] = None  # one try: an upstream without /props is not asked again
     try:
         async with asyncio.timeout(PROPS_TIMEOUT):
-            async with session.get(f"{model.proxy.rstrip('/')}/props") as response:
+            url = URL(f"{model.proxy.rstrip('/')}/props")
+            async with await send(upstream, "GET", url, CIMultiDict(), None, 0) as response:
                 if response.status != 200:
                     return
-                props = await response.json(content_type=None)
-    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+                props = json.loads(await response.read())
+    except (OSError, TimeoutError, ValueError) as exc:
         log.debug("%s: no context length from /props (%s)", model.id, exc)
         return
     settings = props.get("default_generation_settings") if isinstance(props, dict) else None

@@ -303,12 +303,12 @@ async def _serve_local(
             middleware.note_wait(request, lease.waited)
             recording.waited(max(0.0, lease.waited - load), load or None)
             loading_response = await feedback.finish() if feedback is not None else None
-            await guardrails.learn_reported_context(request.app, lease.config, lease.session)
+            await guardrails.learn_reported_context(request.app, lease.config, lease.upstream)
             return await forward(
                 request,
                 base_url=lease.config.proxy,
                 path=incoming.route.upstream_path,
-                session=lease.session,
+                upstream=lease.upstream,
                 body=body,
                 response=loading_response,
                 query=incoming.query,

@@ -94,13 +94,13 @@ async def forward_to_peer(
 ) -> web.StreamResponse:
     """Send the (already rewritten) request to `peer`; transport failures → 502 `peer proxy error: ...`."""
     server = state(request)
-    session = upstream_pool(server).session(f"peer:{peer.id}", peer.timeouts)
+    upstream = upstream_pool(server).upstream(f"peer:{peer.id}", peer.timeouts)
     extra, drop = peer_headers(peer, request.headers, llmswap_has_keys=bool(server.config.api_keys))
     return await forward(
         request,
         base_url=peer.proxy,
         path=path,
-        session=session,
+        upstream=upstream,
         body=body,
         extra_headers=extra,
         drop_headers=drop,

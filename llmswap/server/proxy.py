@@ -14,14 +14,13 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from typing import Any, TypeVar
 
-import aiohttp
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
 from yarl import URL
 
 from llmswap.activity.recording import Recording
 from llmswap.dispatch import Dispatcher, UpstreamPool
-from llmswap.dispatch.pool import Body, SplicedBody, send
+from llmswap.dispatch.pool import Body, SplicedBody, Upstream, UpstreamResponse, send
 from llmswap.server.errors import error_body, error_response
 from llmswap.server.inflight import note_relayed
 from llmswap.server.middleware import note_answering
@@ -45,8 +44,8 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-# Recomputed by aiohttp from the body actually sent; `Expect: 100-continue` is answered by llmswap, which
-# already holds the whole body, so passing it on would only add a round trip.
+# Recomputed by the upstream client from the body actually sent; `Expect: 100-continue` is answered by
+# llmswap, which already holds the whole body, so passing it on would only add a round trip.
 _REQUEST_ONLY_LOCAL = frozenset({"content-length", "expect"})
 # aiohttp's server decodes a request body in these encodings before any route reads it: the body that goes
 # on is the decoded one, so the header that described the encoding stays behind.
@@ -85,7 +84,7 @@ def dispatcher(app_or_state: web.Application | ServerState) -> Dispatcher:
 
 
 async def close_upstream_pool(app: web.Application) -> None:
-    """`on_cleanup` hook: close every upstream session."""
+    """`on_cleanup` hook: close every upstream connection."""
     pool = app[STATE].extras.get(UPSTREAMS_KEY)
     if isinstance(pool, UpstreamPool):
         await pool.close()
@@ -132,7 +131,7 @@ def outgoing_headers(
     return headers
 
 
-def _relayed_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
+def _relayed_headers(upstream: UpstreamResponse) -> CIMultiDict[str]:
     listed = {
         token.strip().lower()
         for value in upstream.headers.getall(hdrs.CONNECTION, ())
@@ -161,7 +160,7 @@ async def forward(
     *,
     base_url: str,
     path: str,
-    session: aiohttp.ClientSession,
+    upstream: Upstream,
     body: Body | None = None,
     extra_headers: Mapping[str, str] | None = None,
     response: web.StreamResponse | None = None,
@@ -191,15 +190,13 @@ async def forward(
     headers = outgoing_headers(request, extra_headers, drop_headers)
     if body is None:
         body = await request.read() if request.body_exists else None
-    if isinstance(body, SplicedBody):
-        headers[hdrs.CONTENT_LENGTH] = str(body.size)
     if recording is not None and recording.wants_request_body and body is not None:
         recording.request_body(b"".join(body.parts) if isinstance(body, SplicedBody) else body)
     url = upstream_url(base_url, path, request.rel_url.raw_query_string if query is None else query)
     try:
-        sending = send(session, request.method, url, headers, body, response_header_timeout)
-        upstream = await (watchdog.guard(sending) if watchdog is not None else sending)
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        sending = send(upstream, request.method, url, headers, body, response_header_timeout)
+        answer = await (watchdog.guard(sending) if watchdog is not None else sending)
+    except (OSError, TimeoutError, ValueError) as exc:
         if isinstance(exc, WatchdogExpired):
             log.warning("%s %s → %s: %s", request.method, request.path, url, exc.message)
             if response is not None and response.prepared:
@@ -220,21 +217,21 @@ async def forward(
         return error_response(request, 502, message)
     completed = False
     if recording is not None:
-        recording.response_headers(upstream.status, upstream.headers)
+        recording.response_headers(answer.status, answer.headers)
     try:
         if response is not None and response.prepared:
-            if upstream.status >= 400:
-                await _relay_error_into_stream(response, upstream, sse_error, recording)
+            if answer.status >= 400:
+                await _relay_error_into_stream(response, answer, sse_error, recording)
                 completed = True
                 return response
         else:
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            response.headers.extend(_relayed_headers(upstream))
-            if is_event_stream(upstream.headers.get(hdrs.CONTENT_TYPE, "")):
+            response = web.StreamResponse(status=answer.status, reason=answer.reason)
+            response.headers.extend(_relayed_headers(answer))
+            if is_event_stream(answer.headers.get(hdrs.CONTENT_TYPE, "")):
                 response.headers["X-Accel-Buffering"] = "no"
             await response.prepare(request)
             note_answering(request)
-        completed = await _relay_body(request, response, upstream, error_prefix, sse_error, watchdog,
+        completed = await _relay_body(request, response, answer, error_prefix, sse_error, watchdog,
                                       recording)
         return response
     except ConnectionResetError:
@@ -243,16 +240,18 @@ async def forward(
         log.debug("%s %s: the client disconnected mid-response", request.method, request.path)
         return response if response is not None else web.Response(status=CLIENT_CLOSED_REQUEST)
     finally:
+        # An answer not relayed whole (the client left, a cancel, a preemption) closes its connection:
+        # that is what tells the upstream to stop generating.
         if completed:
-            upstream.release()
+            answer.release()
         else:
-            upstream.close()
+            answer.close()
 
 
 async def _relay_body(
     request: web.Request,
     response: web.StreamResponse,
-    upstream: aiohttp.ClientResponse,
+    upstream: UpstreamResponse,
     error_prefix: str,
     sse_error: SseErrorFormatter,
     watchdog: Watchdog | None,
@@ -261,12 +260,12 @@ async def _relay_body(
     """Copy the upstream body to the client as it arrives; True when it arrived whole."""
     while True:
         try:
-            reading = upstream.content.readany()
+            reading = upstream.read_chunk()
             chunk = await (watchdog.guard(reading) if watchdog is not None else reading)
         except WatchdogExpired as exc:
             await _upstream_broke(request, response, exc.message, sse_error, status=504)
             return False
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError) as exc:
             message = f"{error_prefix}: the upstream broke off its answer ({describe(exc)})"
             if recording is not None:
                 recording.fail(502, message)
@@ -300,10 +299,10 @@ async def _upstream_broke(
 
 
 async def _relay_error_into_stream(
-    response: web.StreamResponse, upstream: aiohttp.ClientResponse, sse_error: SseErrorFormatter,
+    response: web.StreamResponse, upstream: UpstreamResponse, sse_error: SseErrorFormatter,
     recording: Recording | None,
 ) -> None:
-    raw = await upstream.content.read(_ERROR_BODY_LIMIT)
+    raw = (await upstream.read(_ERROR_BODY_LIMIT))[:_ERROR_BODY_LIMIT]
     if recording is not None:
         recording.chunk(raw)
     text = raw.decode("utf-8", errors="replace").strip()

@@ -188,7 +188,7 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str)
         peer = server.config.peers[target.peer]
         extra, drop = peer_headers(peer, request.headers, llmswap_has_keys=bool(server.config.api_keys))
         url = proxy.upstream_url(peer.proxy, target.path, query)
-        session = pool.session(f"peer:{peer.id}", peer.timeouts)
+        session = pool.websocket_session(f"peer:{peer.id}", peer.timeouts)
         return await websocket.relay(
             request, url, session, model=f"{target.peer}/{target.model}", extra_headers=extra,
             drop_headers=drop, error_prefix="peer proxy error",
@@ -204,7 +204,7 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str)
                 request, 409,
                 f"model {target.model} is not loaded; ignored websocket requests cannot start it",
             )
-        session = pool.session(target.model, config.timeouts)
+        session = pool.websocket_session(target.model, config.timeouts)
         return await websocket.relay(request, url, session, model=target.model)
     try:
         priority = request_priority(request)
@@ -221,7 +221,8 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str)
                 return web.Response(status=CLIENT_GONE)
             # The grant's config, not the one read above: a reload may have changed the model meanwhile.
             url = proxy.upstream_url(lease.config.proxy, target.path, query)
-            return await websocket.relay(request, url, lease.session, model=target.model)
+            session = pool.websocket_session(target.model, lease.config.timeouts)
+            return await websocket.relay(request, url, session, model=target.model)
     except SchedulerError as err:
         return scheduler_error_response(request, err)
 
@@ -244,7 +245,7 @@ async def _to_model(
             if recording is not None:
                 recording.waited(lease.waited)
             return await proxy.forward(
-                request, base_url=lease.config.proxy, path=path, session=lease.session, body=body,
+                request, base_url=lease.config.proxy, path=path, upstream=lease.upstream, body=body,
                 recording=recording,
             )
     except SchedulerError as err:

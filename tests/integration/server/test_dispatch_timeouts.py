@@ -16,7 +16,6 @@ import pytest
 from openai import AsyncOpenAI
 
 from llmswap.config.model import Config, TasksConfig, TaskTypeConfig, Timeouts
-from llmswap.dispatch.pool import new_session
 from tests.helpers.models import demo_config
 from tests.helpers.wait import eventually
 from tests.integration.server.conftest import ServeConfig, Served
@@ -109,13 +108,3 @@ async def test_a_short_response_header_timeout_fails_task_batch_and_http_alike(
     async with http.post(served.at("/v1/chat/completions"), json=chat()) as resp:
         assert resp.status == 502
         assert f"no response headers within {SHORT:g}s" in (await resp.json())["error"]["message"]
-
-
-async def test_the_pool_applies_no_limit_of_its_own_to_an_answer() -> None:
-    session = new_session(Timeouts())  # no responseHeader set
-    try:
-        # aiohttp's default is total=300: the model's answer may take as long as it takes.
-        assert session.timeout.total is None
-        assert session.timeout.sock_read is None
-    finally:
-        await session.close()

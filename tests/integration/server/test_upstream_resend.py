@@ -124,13 +124,10 @@ async def test_a_pooled_connection_the_upstream_closed_while_idle_is_replaced(
     async with tiny_upstream(lambda connection, count: "answer-close") as upstream:
         served = await serve_config(peer_config(upstream.url))
         assert (await post_chat(http, served))[0] == 200
-        session = upstream_pool(served.state).session("peer:p", served.config.peers["p"].timeouts)
-        connector = session.connector
-        assert connector is not None
+        pool = upstream_pool(served.state).upstream("peer:p", served.config.peers["p"].timeouts)
 
-        def noticed() -> bool:  # the pool saw the upstream's close (aiohttp keeps no public count of it)
-            pooled = [entry[0] for entries in connector._conns.values() for entry in entries]
-            return upstream.idle_closes == 1 and not any(protocol.is_connected() for protocol in pooled)
+        def noticed() -> bool:  # the pool dropped the connection the upstream closed
+            return upstream.idle_closes == 1 and pool.idle_count() == 0
 
         await until(noticed, what="the pool noticing the upstream closed its idle connection")
         assert (await post_chat(http, served))[0] == 200

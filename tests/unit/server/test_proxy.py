@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from llmswap.config.model import ModelConfig
@@ -24,10 +23,7 @@ def test_upstream_url_keeps_the_base_path_and_the_raw_query() -> None:
 
 def body_bytes(body: object) -> bytes:
     if isinstance(body, SplicedBody):
-        async def collect() -> bytes:
-            return b"".join([bytes(part) async for part in body.chunks()])
-
-        return asyncio.run(collect())
+        return b"".join(bytes(part) for part in body.parts)
     assert isinstance(body, bytes | bytearray)
     return bytes(body)
 
