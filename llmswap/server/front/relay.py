@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-import aiohttp
 from aiohttp import hdrs, web
 
 from llmswap.activity.recording import Recording
@@ -48,9 +47,9 @@ async def relay(conn: Connection, request: FrontRequest, plan: FastPlan, lease: 
     watchdog = Watchdog.of(f"models.{lease.config.id}.timeouts", lease.config.timeouts)
     timeout = lease.response_header_timeout
     try:
-        sending = send(lease.session, "POST", url, headers, body, timeout)
+        sending = send(lease.upstream, "POST", url, headers, body, timeout)
         upstream = await (watchdog.guard(sending) if watchdog is not None else sending)
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+    except (OSError, TimeoutError, ValueError) as exc:
         if isinstance(exc, WatchdogExpired):
             log.warning("POST %s → %s: %s", request.path, url, exc.message)
             return await send_whole(request, error_response(request, 504, exc.message), conn)  # type: ignore[arg-type]
@@ -71,12 +70,12 @@ async def relay(conn: Connection, request: FrontRequest, plan: FastPlan, lease: 
         note_answering(request)  # type: ignore[arg-type]  # the head is as good as sent: no other answer
         while True:
             try:
-                reading = upstream.content.readany()
+                reading = upstream.read_chunk()
                 chunk = await (watchdog.guard(reading) if watchdog is not None else reading)
             except WatchdogExpired as exc:
                 await _broke(conn, request, plan, response, writer, exc.message, 504)
                 return response
-            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            except (OSError, TimeoutError) as exc:
                 message = f"{ERROR_PREFIX}: the upstream broke off its answer ({describe(exc)})"
                 recording.fail(502, message)
                 await _broke(conn, request, plan, response, writer, message, 502)

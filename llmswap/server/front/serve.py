@@ -130,7 +130,7 @@ async def _leased(conn: Connection, request: FrontRequest, plan: FastPlan, recor
                                                         router=plan.router) as lease:
             note_wait(request, lease.waited)  # type: ignore[arg-type]
             recording.waited(max(0.0, lease.waited - load), load or None)
-            await guardrails.learn_reported_context(request.app, lease.config, lease.session)
+            await guardrails.learn_reported_context(request.app, lease.config, lease.upstream)
             return await relay(conn, request, plan, lease, recording)
     except SchedulerError as err:
         recording.fail(err.status, err.message)
