@@ -40,7 +40,9 @@ from llmswap.dispatch.http1_connection import (
 __all__ = ["Attempt", "ConnectFailed", "ConnectTimeout", "Upstream", "UpstreamClosed",
            "UpstreamProtocolError", "UpstreamResponse"]
 
-MAX_IDLE_PER_ORIGIN = 100  # idle keep-alive connections kept per origin; more are closed on release
+# Idle keep-alive connections kept per origin; more are closed on release. Above the concurrency clients
+# drive (hundreds of connections): a lower cap closes and reopens a connection per request under load.
+MAX_IDLE_PER_ORIGIN = 1024
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "CONNECT", "DELETE"})
 _LOCAL_HEADERS = frozenset({"host", "content-length", "transfer-encoding"})  # written by the client itself
 
