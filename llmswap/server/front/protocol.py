@@ -112,6 +112,12 @@ class FrontConnection(asyncio.Protocol):
                 self._parser.feed_data(data)
             except httptools.HttpParserUpgrade:
                 self._hand_over_from_current()
+            except httptools.HttpParserCallbackError as exc:
+                # A bug in deciding about a request (the parser only wraps what a callback raised): aiohttp
+                # answers the request instead, and the log keeps what went wrong.
+                log.error("front: handing a request from %s to aiohttp after an error", self.remote,
+                          exc_info=exc.__context__ or exc)
+                self._hand_over_from_current()
             except httptools.HttpParserError:
                 self._hand_over_from_current()  # aiohttp's parser refuses it the way clients know
         if not self._reading_paused and len(self._buffer) > READ_BACKLOG_LIMIT and self.serving is not None:
