@@ -61,13 +61,10 @@ def _nothing(*args: object, **kwargs: object) -> None:
 
 def switch_recording_off() -> None:
     """Make the inference routes skip recording (for the "off" side only)."""
-    from llmswap.server import inference
-
-    async def passthrough(recording: object, work: object) -> object:
-        return await work  # type: ignore[misc]
+    from llmswap.server import cancel, inference
 
     inference.begin_http = lambda *args, **kwargs: NullRecording()  # type: ignore[assignment]
-    inference.recorded = passthrough  # type: ignore[assignment]
+    cancel.finish_http = lambda *args, **kwargs: None  # type: ignore[assignment]
 
 
 @dataclass
