@@ -120,8 +120,8 @@ class ActivityRecorder:
         self.log.add(record, self._stored)
 
     def _keep(self, capture: Capture) -> None:
-        loop = _running_loop()
-        if loop is None or raw_size(capture) <= OFFLOAD_CAPTURE:
+        loop = _running_loop() if raw_size(capture) > OFFLOAD_CAPTURE else None
+        if loop is None:
             self.captures.add(capture)
             return
         # Compressing megabytes takes milliseconds: on a worker thread (zlib lets go of the GIL), so other
