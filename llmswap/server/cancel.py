@@ -52,14 +52,15 @@ async def served(
     the upstream call like any cancellation; it is told apart from a cancel through
     `/api/inflight/{id}/cancel` by the entry's `cancelled`, and from a preemption by the router, which
     turns its own cancel into `Preempted` before it gets here."""
-    cancel_on_hangup(request)
-    entry = tracker_of(state(request)).open(request, model, path) if model is not None else None
+    task = asyncio.current_task()
+    cancel_on_hangup(request, task)
+    tracker = tracker_of(state(request))
+    entry = tracker.open(request, model, path, task) if model is not None else None
     response: web.StreamResponse | None = None
     try:
         response = await work
         return response
     except asyncio.CancelledError:
-        task = asyncio.current_task()
         if entry is None or not entry.cancelled or task is None:
             raise  # the client left, or the server is stopping
         task.uncancel()
@@ -67,7 +68,7 @@ async def served(
         return response
     finally:
         if entry is not None:
-            tracker_of(state(request)).close(entry)
+            tracker.close(entry)
         if recording is not None:
             finish_http(recording, response)
 

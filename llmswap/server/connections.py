@@ -162,13 +162,14 @@ class ClientConnection(RequestHandler):
         super().log_exception(*args, **kwargs)
 
 
-def cancel_on_hangup(request: web.BaseRequest) -> None:
-    """Have the running task (the request's handler) cancelled when the client's connection is lost before
-    it ends: seen by the transport, with no watcher task. Only the routes that ask (inference): aiohttp's
-    `handler_cancellation` would cancel every handler, websocket relays finishing a close among them."""
+def cancel_on_hangup(request: web.BaseRequest, task: asyncio.Task[Any] | None = None) -> None:
+    """Have `task` (default: the running one, the request's handler) cancelled when the client's connection
+    is lost before it ends: seen by the transport, with no watcher task. Only the routes that ask
+    (inference): aiohttp's `handler_cancellation` would cancel every handler, websocket relays finishing a
+    close among them."""
     protocol = request.protocol
     if isinstance(protocol, ClientConnection):
-        protocol.hangup_task = asyncio.current_task()
+        protocol.hangup_task = task or asyncio.current_task()
 
 
 def _json_error(status: int, message: str) -> web.Response:

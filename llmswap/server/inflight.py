@@ -87,13 +87,15 @@ class InflightTracker:
         for listener in tuple(self.listeners):
             listener(operation, entry)
 
-    def open(self, request: web.Request, model: str, path: str | None = None) -> InflightEntry:
+    def open(self, request: web.Request, model: str, path: str | None = None,
+             task: asyncio.Task[Any] | None = None) -> InflightEntry:
         """Add an entry for `request` (routed to `model`; `path` as shown, default the request's), served by
-        the current task; `close` it when the request ends."""
+        `task` (default: the current one); `close` it when the request ends."""
         entry = InflightEntry(
             id=str(next(self._ids)), started=self.wall_clock(), started_monotonic=self.monotonic(),
             model=model, req_path=request.path if path is None else path, method=request.method,
-            request_headers=request.headers, remote_ip="", task=asyncio.current_task(), request=request,
+            request_headers=request.headers, remote_ip="", task=task or asyncio.current_task(),
+            request=request,
         )
         self._entries[entry.id] = entry
         request[ENTRY] = entry
