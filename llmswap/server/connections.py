@@ -172,6 +172,14 @@ def cancel_on_hangup(request: web.BaseRequest, task: asyncio.Task[Any] | None = 
         protocol.hangup_task = task or asyncio.current_task()
 
 
+def keep_on_hangup(request: web.BaseRequest) -> None:
+    """Undo `cancel_on_hangup`: from now on the handler sees a hang-up itself (a websocket relay that must
+    still pass on the client's close)."""
+    protocol = request.protocol
+    if isinstance(protocol, ClientConnection):
+        protocol.hangup_task = None
+
+
 def _json_error(status: int, message: str) -> web.Response:
     return web.Response(status=status, body=error_body(status, message), content_type="application/json")
 

@@ -29,6 +29,7 @@ from llmswap.scheduler.errors import SchedulerError
 from llmswap.server import proxy, websocket
 from llmswap.server.activity_api import begin_http
 from llmswap.server.cancel import served
+from llmswap.server.connections import cancel_on_hangup, keep_on_hangup
 from llmswap.server.errors import error_response, scheduler_error_response
 from llmswap.server.inference import ROUTES, BodyTooLarge, read_body, request_priority
 from llmswap.server.middleware import note_model, too_large_message
@@ -202,10 +203,11 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str)
         return error_response(request, 400, exc.message)
     key = request_api_key(request)
     try:
-        # A client that hangs up while its request waits cancels the handler: it leaves the queue.
+        cancel_on_hangup(request)  # a client that hangs up while its request waits leaves the queue
         async with proxy.dispatcher(server).lease(
             target.model, origin="http", priority=priority, api_key=key.key if key is not None else None,
         ) as lease:
+            keep_on_hangup(request)  # the relay passes a client's close on to the upstream itself
             # The grant's config, not the one read above: a reload may have changed the model meanwhile.
             url = proxy.upstream_url(lease.config.proxy, target.path, query)
             return await websocket.relay(request, url, lease.session, model=target.model)
