@@ -156,11 +156,13 @@ class CaptureRing:
     def __len__(self) -> int:
         return len(self._blobs)
 
-    def add(self, capture: Capture) -> bool:
-        """Keep `capture`, evicting the oldest as needed; False when it is larger than the whole ring."""
+    def add(self, capture: Capture, raw: int | None = None) -> bool:
+        """Keep `capture` (`raw`: its `raw_size` when known), evicting the oldest as needed; False when it is
+        larger than the whole ring."""
         if not self.enabled:
             return False
-        raw = raw_size(capture)
+        if raw is None:
+            raw = raw_size(capture)
         if raw <= SMALL_CAPTURE:
             return self._insert(capture.id, capture, raw)
         return self.add_compressed(capture.id, capture.compress())
