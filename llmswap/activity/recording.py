@@ -2,9 +2,10 @@
 `response_headers`, `chunk`, `finish`), turned into an `ActivityRecord` and, when captures are on, a
 `Capture`.
 
-Nothing is buffered that the row does not need: an event stream is scanned as it passes (only its partial
-last line is held), a JSON answer is held up to `JSON_BODY_LIMIT` to be read at the end, and bodies are
-kept for a capture only while captures are on and within a bound of the ring's size.
+Nothing is buffered that the row does not need: of an event stream only its two ends are held
+(`StreamEnds`), a JSON answer is held up to `JSON_BODY_LIMIT` (its chunks as they came) to be read once at
+the end, and bodies are kept for a capture only while captures are on and within a bound of the ring's
+size. Headers are kept as given; a capture redacts them when shown.
 """
 
 from __future__ import annotations
