@@ -109,6 +109,7 @@ class ServerMetrics:
                                       "Upstream starts that failed (exit, health-check timeout, spawn error)",
                                       ("model",), registry=r)
         self._started_once: set[str] = set()
+        self._request_series: dict[tuple[str, str, int], RequestSeries] = {}
         self._routers_seen: list[tuple[RouterStats, Any]] = []  # (router stats, scheduler stats or None)
         self._own_reader = reader
         self._reader_opened = reader is not None
@@ -146,13 +147,18 @@ class ServerMetrics:
             self.start_failures.labels(model).inc()
 
     def on_request(self, request: web.Request, record: AccessRecord, status: int, seconds: float) -> None:
-        route = route_label(request)
-        self.requests.labels(record.model, route, str(status)).inc()
-        self.request_seconds.labels(record.model, route).observe(seconds)
+        key = (record.model, route_label(request), status)
+        series = self._request_series.get(key)
+        if series is None:  # looked up once per (model, route, status): labels() costs more than the update
+            model, route, _ = key
+            series = RequestSeries(self, model, route, status)
+            self._request_series[key] = series
+        series.count.inc()
+        series.duration.observe(seconds)
         if record.first_byte is not None:
-            self.first_byte_seconds.labels(record.model, route).observe(record.first_byte)
+            series.first_byte().observe(record.first_byte)
         if record.waited is not None:
-            self.queue_wait_seconds.labels(record.model).observe(record.waited)
+            series.waited().observe(record.waited)
 
     # ------------------------------------------------------------------ reading
 
@@ -203,6 +209,28 @@ class ServerMetrics:
     def close(self) -> None:
         if self._own_reader is not None:
             self._own_reader.close()
+
+
+class RequestSeries:
+    """The series one (model, route, status) updates; the optional ones made when first observed (a series
+    once made is exposed, zero or not)."""
+
+    def __init__(self, metrics: ServerMetrics, model: str, route: str, status: int) -> None:
+        self.metrics, self.model, self.route = metrics, model, route
+        self.count = metrics.requests.labels(model, route, str(status))
+        self.duration = metrics.request_seconds.labels(model, route)
+        self._first_byte: Any = None
+        self._waited: Any = None
+
+    def first_byte(self) -> Any:
+        if self._first_byte is None:
+            self._first_byte = self.metrics.first_byte_seconds.labels(self.model, self.route)
+        return self._first_byte
+
+    def waited(self) -> Any:
+        if self._waited is None:
+            self._waited = self.metrics.queue_wait_seconds.labels(self.model)
+        return self._waited
 
 
 def _add(into: dict[str, int], counts: Mapping[str, int]) -> None:
