@@ -120,6 +120,14 @@ class ProxyFormatter(logging.Formatter):
         return line
 
 
+def emit_line(logger: logging.Logger, level: int, line: str) -> None:
+    """Hand a finished line to `logger`'s handlers as `logger.log(level, "%s", line)` would, minus the walk
+    up the stack for the caller's file and line (no format here prints them; on the access log, once per
+    request, it was a measurable share of the cost)."""
+    if logger.isEnabledFor(level):
+        logger.handle(logger.makeRecord(logger.name, level, __file__, 0, line, None, None))
+
+
 class _Installed(logging.Handler):
     """Marks the handlers this module installed, so configuring again (a reload) replaces them."""
 

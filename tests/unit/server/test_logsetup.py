@@ -16,6 +16,7 @@ from llmswap.server.logsetup import (
     UPSTREAM_LOGGER,
     ProxyFormatter,
     configure_logging,
+    emit_line,
     format_timestamp,
 )
 
@@ -122,3 +123,16 @@ def test_configuring_again_replaces_the_handlers() -> None:
     assert first.getvalue() == ""
     assert second.getvalue().splitlines() == ["[INFO] swap done", "[DEBUG] detail"]
     assert ring.history() == ["[INFO] swap done", "[DEBUG] detail"]
+
+
+@pytest.mark.usefixtures("restore_loggers")
+def test_a_line_emitted_without_the_caller_lookup_reaches_the_same_places_looking_the_same() -> None:
+    out = io.StringIO()
+    ring = LogRing("proxy")
+    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=out)
+    access = logging.getLogger("llmswap.access")
+    access.info("%s", "via logging")
+    emit_line(access, logging.INFO, "via emit_line")
+    emit_line(access, logging.DEBUG, "below the level")
+    assert out.getvalue().splitlines() == ["[INFO] via logging", "[INFO] via emit_line"]
+    assert ring.history() == ["[INFO] via logging", "[INFO] via emit_line"]
