@@ -183,7 +183,9 @@ async def _cors_headers(request: web.BaseRequest, response: web.StreamResponse) 
         if "Origin" not in response.headers.getall("Vary", []):
             response.headers.add("Vary", "Origin")
         return
-    origins = response.headers.getall("Access-Control-Allow-Origin", [])
+    if "Access-Control-Allow-Origin" not in response.headers:
+        return  # the usual answer to a request from no page: nothing to look at
+    origins = response.headers.getall("Access-Control-Allow-Origin")
     if len(origins) > 1:
         response.headers["Access-Control-Allow-Origin"] = origins[0]  # clients reject a list
 
