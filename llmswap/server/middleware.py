@@ -171,8 +171,12 @@ async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
             response: web.StreamResponse | None = guard.screen(
                 request, server.config, loopback_listener=server.loopback_listener)
             if response is None:
-                admitted = auth.admit(request, server.config.api_keys)
-                response = admitted if isinstance(admitted, web.Response) else await handler(admitted)
+                keys = server.config.api_keys
+                if not keys:  # auth is off: nothing to look up, nothing to strip
+                    response = await handler(request)
+                else:
+                    admitted = auth.admit(request, keys)
+                    response = admitted if isinstance(admitted, web.Response) else await handler(admitted)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise  # redirects and other non-errors pass as aiohttp built them

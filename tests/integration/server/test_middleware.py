@@ -10,11 +10,12 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 from aiohttp import web
+from multidict import CIMultiDict
 
 from llmswap.config.model import ApiKey, Config
 from llmswap.process.state import ProcessState
 from llmswap.router import build_router
-from llmswap.server import middleware
+from llmswap.server import guard, middleware
 from llmswap.server.state import STATE, ServerState
 from tests.helpers.models import demo_config, exclusive_config
 from tests.helpers.wait import eventually
@@ -103,12 +104,20 @@ async def moves(request: web.Request) -> web.Response:
     raise web.HTTPFound("/elsewhere")
 
 
+async def doubled_cors(request: web.Request) -> web.Response:
+    headers = CIMultiDict([("Access-Control-Allow-Origin", "https://a.example"),
+                           ("Access-Control-Allow-Origin", "*")])
+    return web.Response(text="ok", headers=headers)
+
+
 @pytest.fixture
 async def bare_app() -> AsyncIterator[str]:
     app = web.Application(middlewares=[middleware.gate], client_max_size=2048)
     app[STATE] = ServerState(config=Config(), router=build_router(Config()))
     middleware.setup(app)
+    guard.setup(app)
     app.router.add_get("/broken", broken)
+    app.router.add_get("/doubled-cors", doubled_cors)
     app.router.add_get("/broken-mid-stream", broken_mid_stream)
     app.router.add_get("/refuses", refuses)
     app.router.add_get("/drip", drip)
@@ -200,3 +209,13 @@ async def test_observers_see_each_answer_by_route_pattern_model_and_status(serve
         ("GET", "/nope", "unmatched", "", 404),
     ]
     assert all(a.remote == HOST and a.seconds >= 0 for a in seen)
+
+
+async def test_a_route_listing_two_allowed_origins_sends_one_and_an_allowed_page_its_own(bare_app, http):
+    async with http.get(f"{bare_app}/doubled-cors") as resp:
+        # Clients reject a list: the first stays.
+        assert resp.headers.getall("Access-Control-Allow-Origin") == ["https://a.example"]
+    page = "http://localhost:5173"
+    async with http.get(f"{bare_app}/doubled-cors", headers={"Origin": page}) as resp:
+        assert resp.headers.getall("Access-Control-Allow-Origin") == [page]
+        assert resp.headers["Vary"] == "Origin"
