@@ -161,6 +161,7 @@ def report(answered: Answered, observers: Sequence[RequestObserver]) -> None:
 
 @web.middleware
 async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """llmswap's one middleware: access record, error shaping, guard, auth, route (see the module's doc)."""
     started = time.monotonic()
     record = AccessRecord(started=started)
     request[ACCESS] = record
