@@ -75,6 +75,7 @@ def judge(method: str, path: str, headers: Mapping[str, str], config: Config, *,
           loopback_listener: bool) -> Verdict:
     """Whether a request may go on, from its method, path and headers alone (pure: no I/O)."""
     host_header = headers.get("Host", "")
+    # HTTP/1.0 without Host cannot be a browser; a public listener is free unless allowedHosts is set.
     if host_header and (loopback_listener or config.allowed_hosts):
         refusal = _host_refusal(host_header, config.allowed_hosts, loopback_listener)
         if refusal:
