@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -16,6 +17,7 @@ from llmswap.server.logsetup import (
     UPSTREAM_LOGGER,
     ProxyFormatter,
     configure_logging,
+    emit_line,
     format_timestamp,
 )
 
@@ -122,3 +124,40 @@ def test_configuring_again_replaces_the_handlers() -> None:
     assert first.getvalue() == ""
     assert second.getvalue().splitlines() == ["[INFO] swap done", "[DEBUG] detail"]
     assert ring.history() == ["[INFO] swap done", "[DEBUG] detail"]
+
+
+@pytest.mark.usefixtures("restore_loggers")
+def test_a_line_emitted_without_the_caller_lookup_reaches_the_same_places_looking_the_same() -> None:
+    out = io.StringIO()
+    ring = LogRing("proxy")
+    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=out)
+    access = logging.getLogger("llmswap.access")
+    access.info("%s", "via logging")
+    emit_line(access, logging.INFO, "via emit_line")
+    emit_line(access, logging.DEBUG, "below the level")
+    assert out.getvalue().splitlines() == ["[INFO] via logging", "[INFO] via emit_line"]
+    assert ring.history() == ["[INFO] via logging", "[INFO] via emit_line"]
+
+
+def test_a_line_record_carries_what_a_logged_one_does_with_its_own_time_and_message() -> None:
+    logger = logging.getLogger("llmswap.access")
+    kept: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = kept.append  # type: ignore[method-assign]
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        emit_line(logger, logging.INFO, "first")
+        before = time.time()
+        emit_line(logger, logging.INFO, "second")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    first, second = kept
+    assert (first.getMessage(), second.getMessage()) == ("first", "second")
+    assert second.created >= before and second.relativeCreated >= first.relativeCreated
+    assert second.name == "llmswap.access" and second.levelname == "INFO" and second.exc_info is None
+    made = logging.LogRecord("llmswap.access", logging.INFO, "x.py", 0, "second", None, None)
+    assert set(vars(second)) - {"message"} == set(vars(made))  # "message": set by a formatter on the way
+    assert (second.thread, second.threadName, second.process) == (made.thread, made.threadName, made.process)
