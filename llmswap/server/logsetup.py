@@ -9,6 +9,8 @@ which is kept apart from the proxy's records: it has a ring of its own.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -166,7 +168,40 @@ class _Installed(logging.Handler):
 
 
 class _Stream(logging.StreamHandler, _Installed):  # type: ignore[type-arg]
-    pass
+    """stdout. Lines logged on a running event loop are written together once the loop's current pass ends:
+    one write for a burst of access lines instead of a write (a system call, stdout is often unbuffered) per
+    request. Lines logged off the loop (start, stop, other threads) are written at once, after any held."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(stream)
+        self._held: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record) + self.terminator
+        except Exception:
+            self.handleError(record)
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        self._held.append(text)
+        if loop is None:
+            self.flush()
+        elif len(self._held) == 1:
+            loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        # Also called by logging.shutdown at exit, so nothing held is lost when the loop stops first.
+        with self.lock or contextlib.nullcontext():
+            if self._held:
+                text, self._held = "".join(self._held), []
+                try:
+                    self.stream.write(text)
+                except Exception:
+                    self.handleError(logging.makeLogRecord({"msg": text}))
+            super().flush()
 
 
 class _Ring(RingHandler, _Installed):
@@ -187,6 +222,7 @@ def configure_logging(
     upstream = logging.getLogger(UPSTREAM_LOGGER)
     for logger in (proxy, upstream):
         for handler in [h for h in logger.handlers if isinstance(h, _Installed)]:
+            handler.flush()  # lines held for the end of the loop's pass go out before the handler goes
             logger.removeHandler(handler)
     formatter = ProxyFormatter(time_format)
 
