@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import psutil
 
 from bench import proxy_overhead
 from bench.launch import Llmswap, wait_ready
@@ -61,13 +62,10 @@ def _nothing(*args: object, **kwargs: object) -> None:
 
 def switch_recording_off() -> None:
     """Make the inference routes skip recording (for the "off" side only)."""
-    from llmswap.server import inference
-
-    async def passthrough(recording: object, work: object) -> object:
-        return await work  # type: ignore[misc]
+    from llmswap.server import cancel, inference
 
     inference.begin_http = lambda *args, **kwargs: NullRecording()  # type: ignore[assignment]
-    inference.recorded = passthrough  # type: ignore[assignment]
+    cancel.finish_http = lambda *args, **kwargs: None  # type: ignore[assignment]
 
 
 @dataclass
@@ -104,8 +102,16 @@ async def start(config: Path, recording: str, upstream_port: int) -> Server:
     return server
 
 
-async def measure(requests: int, throughput_requests: int, concurrency: int) -> tuple[Side, Side, int]:
-    """(off, on, activity rows the "on" side recorded)."""
+def cpu_seconds(server: Server) -> float:
+    """CPU time (user + system) llmswap's process has used so far."""
+    times = psutil.Process(server.process.pid).cpu_times()
+    return float(times.user + times.system)
+
+
+async def measure(requests: int, throughput_requests: int, concurrency: int
+                  ) -> tuple[Side, Side, int, dict[str, float]]:
+    """(off, on, activity rows the "on" side recorded, CPU seconds per request of each side in the
+    throughput phase)."""
     with tempfile.TemporaryDirectory() as folder:
         ports = {"off": free_port(), "on": free_port()}
         configs = {"off": write_config(Path(folder), "off", ports["off"], concurrency, 0),
@@ -120,17 +126,20 @@ async def measure(requests: int, throughput_requests: int, concurrency: int) -> 
                 await proxy_overhead.latency_phase(http, warm, max(20, requests // 10))
                 off, on = Side("off", servers["off"].url), Side("on", servers["on"].url)
                 await proxy_overhead.latency_phase(http, [off, on], requests)
+                before = {name: cpu_seconds(server) for name, server in servers.items()}
                 await proxy_overhead.throughput_phase(http, [off, on], throughput_requests, concurrency)
+                served = throughput_requests * proxy_overhead.ROUNDS
+                cpu = {name: (cpu_seconds(each) - before[name]) / served for name, each in servers.items()}
                 async with http.get(f"{servers['on'].url}/api/metrics/activity?limit=1") as response:
                     recorded = int((await response.json())["total"])
         finally:
             for server in servers.values():
                 server.stop()
-    return off, on, recorded
+    return off, on, recorded, cpu
 
 
 async def recording_rows(requests: int, throughput_requests: int, concurrency: int) -> list[Row]:
-    off, on, recorded = await measure(requests, throughput_requests, concurrency)
+    off, on, recorded, cpu = await measure(requests, throughput_requests, concurrency)
     against = "the same llmswap, recording off"
     rows = []
     for label, values in (("whole chat completion", "latencies"), ("streamed chat", "stream_latencies")):
@@ -141,6 +150,10 @@ async def recording_rows(requests: int, throughput_requests: int, concurrency: i
     rows.append(Row(f"recording on (activity + captures): throughput, {concurrency} in flight, median of 3 "
                     f"rounds ({recorded} rows kept)", against, per_second(base, "req"),
                     per_second(ours, "req"), ratio(ours, base)))
+    # What a shared machine's load disturbs least: the CPU each llmswap spent per request it served.
+    rows.append(Row("recording on (activity + captures): llmswap's CPU time per request, throughput phase",
+                    against, f"{cpu['off'] * 1e6:.0f} us", f"{cpu['on'] * 1e6:.0f} us",
+                    ratio(cpu["on"], cpu["off"])))
     return rows
 
 

@@ -52,27 +52,49 @@ def redacted(headers: Mapping[str, str]) -> dict[str, str]:
     return shown
 
 
+def shown_response_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """Response headers as a capture shows them: redacted, and without Content-Encoding (the body is kept
+    decoded)."""
+    return {name: value for name, value in redacted(headers).items() if name.lower() != "content-encoding"}
+
+
 @dataclass(frozen=True)
 class Capture:
+    """One request's capture. As recorded, the headers are the mappings the request and the answer came
+    with (nothing is copied per request); `shown` is what leaves the ring: credentials redacted."""
+
     id: int
     req_path: str
-    req_headers: dict[str, str] | None
+    req_headers: Mapping[str, str] | None
     req_body: bytes | None
-    resp_headers: dict[str, str] | None
+    resp_headers: Mapping[str, str] | None
     resp_body: bytes | None
+
+    def shown(self) -> Capture:
+        """This capture with its headers as shown: plain dicts, credentials redacted (idempotent)."""
+        return Capture(
+            id=self.id, req_path=self.req_path,
+            req_headers=None if self.req_headers is None else redacted(self.req_headers),
+            req_body=self.req_body,
+            resp_headers=None if self.resp_headers is None else shown_response_headers(self.resp_headers),
+            resp_body=self.resp_body,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """llama-swap's shape: bodies as base64 strings (as Go encodes byte slices)."""
+        shown = self.shown()
         return {
-            "id": self.id, "req_path": self.req_path, "req_headers": self.req_headers,
-            "req_body": _b64(self.req_body), "resp_headers": self.resp_headers,
-            "resp_body": _b64(self.resp_body),
+            "id": shown.id, "req_path": shown.req_path, "req_headers": shown.req_headers,
+            "req_body": _b64(shown.req_body), "resp_headers": shown.resp_headers,
+            "resp_body": _b64(shown.resp_body),
         }
 
     def compress(self) -> bytes:
-        """Raw deflate of: 4-byte length, JSON of all but the bodies, then the bodies as they are."""
-        meta = {"id": self.id, "req_path": self.req_path, "req_headers": self.req_headers,
-                "resp_headers": self.resp_headers,
+        """Raw deflate of: 4-byte length, JSON of all but the bodies (headers as shown), then the bodies as
+        they are."""
+        shown = self.shown()
+        meta = {"id": self.id, "req_path": self.req_path, "req_headers": shown.req_headers,
+                "resp_headers": shown.resp_headers,
                 "req_len": None if self.req_body is None else len(self.req_body),
                 "resp_len": None if self.resp_body is None else len(self.resp_body)}
         head = json.dumps(meta, separators=(",", ":")).encode()
@@ -108,9 +130,11 @@ _ENTRY_OVERHEAD = 256  # what an uncompressed entry's objects cost beyond its by
 
 def raw_size(capture: Capture) -> int:
     """Bytes a capture holds before compression (bodies, headers, a rough allowance for the objects)."""
-    headers = (capture.req_headers or {}, capture.resp_headers or {})
-    return (len(capture.req_body or b"") + len(capture.resp_body or b"") + _ENTRY_OVERHEAD
-            + sum(len(name) + len(value) for shown in headers for name, value in shown.items()))
+    size = len(capture.req_body or b"") + len(capture.resp_body or b"") + _ENTRY_OVERHEAD
+    for headers in (capture.req_headers, capture.resp_headers):
+        if headers:
+            size += sum(map(len, headers.keys())) + sum(map(len, headers.values()))
+    return size
 
 
 class CaptureRing:
@@ -132,11 +156,13 @@ class CaptureRing:
     def __len__(self) -> int:
         return len(self._blobs)
 
-    def add(self, capture: Capture) -> bool:
-        """Keep `capture`, evicting the oldest as needed; False when it is larger than the whole ring."""
+    def add(self, capture: Capture, raw: int | None = None) -> bool:
+        """Keep `capture` (`raw`: its `raw_size` when known), evicting the oldest as needed; False when it is
+        larger than the whole ring."""
         if not self.enabled:
             return False
-        raw = raw_size(capture)
+        if raw is None:
+            raw = raw_size(capture)
         if raw <= SMALL_CAPTURE:
             return self._insert(capture.id, capture, raw)
         return self.add_compressed(capture.id, capture.compress())
@@ -159,9 +185,12 @@ class CaptureRing:
         return True
 
     def get(self, activity_id: int) -> Capture | None:
+        """The capture as shown (credentials redacted)."""
         entry = self._blobs.get(activity_id)
-        if entry is None or isinstance(entry, Capture):
-            return entry
+        if entry is None:
+            return None
+        if isinstance(entry, Capture):
+            return entry.shown()
         return Capture.decompress(entry)
 
 

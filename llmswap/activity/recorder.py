@@ -120,9 +120,10 @@ class ActivityRecorder:
         self.log.add(record, self._stored)
 
     def _keep(self, capture: Capture) -> None:
-        loop = _running_loop()
-        if loop is None or raw_size(capture) <= OFFLOAD_CAPTURE:
-            self.captures.add(capture)
+        raw = raw_size(capture)
+        loop = _running_loop() if raw > OFFLOAD_CAPTURE else None
+        if loop is None:
+            self.captures.add(capture, raw)
             return
         # Compressing megabytes takes milliseconds: on a worker thread (zlib lets go of the GIL), so other
         # requests are not held up; the ring (the loop's) takes the result when it is ready.

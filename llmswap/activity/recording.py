@@ -2,9 +2,10 @@
 `response_headers`, `chunk`, `finish`), turned into an `ActivityRecord` and, when captures are on, a
 `Capture`.
 
-Nothing is buffered that the row does not need: an event stream is scanned as it passes (only its partial
-last line is held), a JSON answer is held up to `JSON_BODY_LIMIT` to be read at the end, and bodies are
-kept for a capture only while captures are on and within a bound of the ring's size.
+Nothing is buffered that the row does not need: of an event stream only its two ends are held
+(`StreamEnds`), a JSON answer is held up to `JSON_BODY_LIMIT` (its chunks as they came) to be read once at
+the end, and bodies are kept for a capture only while captures are on and within a bound of the ring's
+size. Headers are kept as given; a capture redacts them when shown.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from llmswap.activity.captures import Capture, parts_for, redacted
+from llmswap.activity.captures import Capture, parts_for
 from llmswap.activity.record import ActivityRecord, error_message
-from llmswap.activity.tokens import Reported, SseScanner, read_json_answer, token_stats
+from llmswap.activity.tokens import NOTHING_REPORTED, Reported, SseScanner, read_json_answer, token_stats
 
 JSON_BODY_LIMIT = 16 * 1024 * 1024  # a whole (non-stream) answer larger than this is not read for tokens
 # A stream is held for its capture up to this (or 4x the ring, if smaller: it compresses well, but many
@@ -76,7 +77,35 @@ class StreamEnds:
 
 
 class Recording:
-    """Made by `ActivityRecorder.begin`; `finish` once (later calls do nothing)."""
+    """Made by `ActivityRecorder.begin`; `finish` once (later calls do nothing).
+
+    Cheap per request: the answer's chunks are kept as they came (no copy) and read once, at the end; the
+    headers are kept as given and redacted only when a capture is shown."""
+
+    __slots__ = (
+        "_body_overflow",
+        "_capture_limit",
+        "_content_type",
+        "_decode_error",
+        "_decoder",
+        "_done",
+        "_failure",
+        "_finished",
+        "_limit",
+        "_load_ms",
+        "_next_id",
+        "_parts",
+        "_queue_ms",
+        "_raw_response_headers",
+        "_request_body",
+        "_size",
+        "_started",
+        "_status",
+        "_stream",
+        "_ttfb_ms",
+        "facts",
+        "started",
+    )
 
     def __init__(self, facts: RequestFacts, *, next_id: Callable[[], int],
                  done: Callable[[ActivityRecord, Capture | None], None], capture_limit: int) -> None:
@@ -86,9 +115,6 @@ class Recording:
         self.started = time.time()
         self._started = time.perf_counter()
         self._capture_limit = capture_limit  # 0: no capture
-        parts = parts_for(facts.req_path)
-        self._keep_req_body = parts[1] and capture_limit > 0
-        self._keep_resp_body = parts[3] and capture_limit > 0
         self._request_body: bytes | None = None
         self._queue_ms: int | None = None
         self._load_ms: int | None = None
@@ -99,19 +125,24 @@ class Recording:
         self._decoder: zlib._Decompress | None = None
         self._decode_error = ""
         self._stream: StreamEnds | None = None
-        self._body = bytearray()
+        self._parts: list[bytes] = []  # the answer's chunks as they came (decoded), within `_limit`
+        self._size = 0
+        self._limit = JSON_BODY_LIMIT
         self._body_overflow = False
         self._finished = False
         self._failure = ""
 
+    def _keeps(self, part: int) -> bool:
+        return self._capture_limit > 0 and parts_for(self.facts.req_path)[part]
+
     @property
     def wants_request_body(self) -> bool:
         """Whether `request_body` keeps what it is given (the caller may skip building it otherwise)."""
-        return self._keep_req_body
+        return self._keeps(1)
 
     def request_body(self, body: bytes | bytearray) -> None:
         """The body as sent upstream (after filters)."""
-        if self._keep_req_body and len(body) <= self._capture_limit:
+        if len(body) <= self._capture_limit and self._keeps(1):
             self._request_body = bytes(body)
 
     def waited(self, queue_seconds: float | None, load_seconds: float | None = None) -> None:
@@ -132,15 +163,19 @@ class Recording:
 
     def response_headers(self, status: int, headers: Mapping[str, str]) -> None:
         self._status = status
-        self._content_type = headers.get("Content-Type", headers.get("content-type", ""))
-        encoding = headers.get("Content-Encoding", headers.get("content-encoding", "")).strip().lower()
-        if encoding in _DECODABLE:
-            self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by its header
-        elif encoding and encoding != "identity":
-            self._decode_error = f"response content-encoding {encoding!r} is not read"
-        self._raw_response_headers = headers  # redacted only if a capture is kept
-        if "text/event-stream" in self._content_type.lower():
+        self._raw_response_headers = headers  # redacted only if a capture is shown
+        self._content_type = content_type = headers.get("Content-Type") or headers.get("content-type") or ""
+        encoding = headers.get("Content-Encoding") or headers.get("content-encoding")
+        if encoding:
+            encoding = encoding.strip().lower()
+            if encoding in _DECODABLE:
+                self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by its header
+            elif encoding != "identity":
+                self._decode_error = f"response content-encoding {encoding!r} is not read"
+        if "text/event-stream" in content_type.lower():
             self._stream = StreamEnds()
+            # A stream's tokens are read from its ends; its whole body is held only for a capture.
+            self._limit = min(self._capture_limit * 4, STREAM_CAPTURE_LIMIT) if self._keeps(3) else 0
 
     def chunk(self, data: bytes) -> None:
         """Bytes of the answer as they went to the client."""
@@ -156,16 +191,20 @@ class Recording:
                 return
         if self._stream is not None:
             self._stream.feed(data)
-            limit = min(self._capture_limit * 4, STREAM_CAPTURE_LIMIT) if self._keep_resp_body else 0
-        else:
-            limit = JSON_BODY_LIMIT
         if self._body_overflow:
             return
-        if len(self._body) + len(data) > limit:
+        self._size += len(data)
+        if self._size > self._limit:
             self._body_overflow = True
-            self._body.clear()
+            self._parts.clear()
         else:
-            self._body += data
+            self._parts.append(data)
+
+    def _whole(self) -> bytes | None:
+        if self._body_overflow:
+            return None
+        parts = self._parts
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def finish(self, status: int | None = None, *, content_type: str | None = None, body: bytes | None = None,
                error: str = "") -> ActivityRecord | None:
@@ -177,12 +216,12 @@ class Recording:
         wall_ms = int((time.perf_counter() - self._started) * 1000)
         status = status if status is not None else (self._status or 0)
         if body is not None:
-            self._body, self._body_overflow, self._stream = bytearray(body), False, None
+            self._parts, self._body_overflow, self._stream = [body], False, None
             self._content_type = content_type or self._content_type
-        whole = None if self._body_overflow else bytes(self._body)
-        reported = Reported()
+        whole = self._whole()
+        reported = NOTHING_REPORTED
         message = error or self._failure
-        if status not in (200, 201):
+        if status != 200 and status != 201:
             message = message or error_message(status, whole)
         elif self._decode_error:
             message = message or self._decode_error
@@ -195,31 +234,25 @@ class Recording:
         record = ActivityRecord(
             id=self._next_id(), timestamp=time.time(), model=facts.model, req_path=facts.req_path,
             resp_status_code=status, resp_content_type=self._content_type, tokens=tokens,
-            duration_ms=duration, error_msg=message, metadata=dict(facts.metadata),
+            duration_ms=duration, error_msg=message, metadata=dict(facts.metadata) if facts.metadata else {},
             requested_model=facts.requested_model or facts.model,
             origin=facts.origin, key_name=facts.key_name, started=self.started, queue_ms=self._queue_ms,
             load_ms=self._load_ms, ttfb_ms=self._ttfb_ms,
         )
-        self._done(record, self._capture(record, status, whole))
+        capture = None
+        if self._capture_limit > 0 and not ((status == 200 or status == 201) and self._decode_error):
+            capture = self._capture(record.id, whole)
+        self._done(record, capture)
         return record
 
-    def _shown_response_headers(self) -> dict[str, str] | None:
-        """The response headers as a capture shows them: redacted, and without Content-Encoding (the body
-        is kept decoded)."""
-        if self._raw_response_headers is None:
-            return None
-        return {name: value for name, value in redacted(self._raw_response_headers).items()
-                if name.lower() != "content-encoding"}
-
-    def _capture(self, record: ActivityRecord, status: int, body: bytes | None) -> Capture | None:
-        if self._capture_limit <= 0 or (status in (200, 201) and self._decode_error):
-            return None
-        keep_req_headers, _, keep_resp_headers, _ = parts_for(self.facts.req_path)
+    def _capture(self, activity_id: int, body: bytes | None) -> Capture:
+        """The capture as recorded: headers as given (`Capture.shown` redacts them), bodies as kept."""
+        keep_req_headers, _, keep_resp_headers, keep_resp_body = parts_for(self.facts.req_path)
         return Capture(
-            id=record.id, req_path=self.facts.req_path,
-            req_headers=redacted(self.facts.request_headers) if keep_req_headers else None,
+            id=activity_id, req_path=self.facts.req_path,
+            req_headers=self.facts.request_headers if keep_req_headers else None,
             req_body=self._request_body,
-            resp_headers=self._shown_response_headers() if keep_resp_headers else None,
+            resp_headers=self._raw_response_headers if keep_resp_headers else None,
             # A failed answer's body is kept too (llama-swap drops it): it is what one opens a capture for.
-            resp_body=body if self._keep_resp_body else None,
+            resp_body=body if keep_resp_body else None,
         )

@@ -60,6 +60,8 @@ class Reported:
 
 
 def _int(value: Any) -> int | None:
+    if type(value) is int:  # the usual case, first
+        return value
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -107,14 +109,15 @@ def merge_usage(reported: Reported, usage: Any, *, later: bool) -> Reported:
     cached = _cached(usage)
     if input_tokens is None and output_tokens is None and cached is None:
         return reported
-    changes: dict[str, Any] = {"found": True}
-    if input_tokens is not None and (input_tokens > 0 or not later):
-        changes["input_tokens"] = input_tokens
-    if output_tokens is not None and (output_tokens > 0 or not later):
-        changes["output_tokens"] = output_tokens
-    if cached is not None and cached >= 0:
-        changes["cached_tokens"] = cached
-    return replace(reported, **changes)
+    # Built directly (not `dataclasses.replace`): this runs for every answer that reports usage.
+    return Reported(
+        input_tokens=input_tokens if input_tokens is not None and (input_tokens > 0 or not later)
+        else reported.input_tokens,
+        output_tokens=output_tokens if output_tokens is not None and (output_tokens > 0 or not later)
+        else reported.output_tokens,
+        cached_tokens=cached if cached is not None and cached >= 0 else reported.cached_tokens,
+        timings=reported.timings, metrics=reported.metrics, found=True,
+    )
 
 
 def fold_event(reported: Reported, event: Any) -> Reported:
@@ -122,7 +125,13 @@ def fold_event(reported: Reported, event: Any) -> Reported:
     if not isinstance(event, dict):
         return reported
     later = reported.found
-    for usage in (event.get("usage"), _inner(event, "response", "usage"), _inner(event, "message", "usage")):
+    usage = event.get("usage")
+    if isinstance(usage, dict):
+        reported = merge_usage(reported, usage, later=later)
+        later = later or reported.found
+    for outer in ("response", "message"):
+        inner = event.get(outer)
+        usage = inner.get("usage") if isinstance(inner, dict) else None
         if isinstance(usage, dict):
             reported = merge_usage(reported, usage, later=later)
             later = later or reported.found
@@ -135,33 +144,49 @@ def fold_event(reported: Reported, event: Any) -> Reported:
     return reported
 
 
-def _inner(event: dict[str, Any], outer: str, key: str) -> Any:
-    value = event.get(outer)
-    return value.get(key) if isinstance(value, dict) else None
-
-
 _DECODER = json.JSONDecoder()
-_KEY_PATTERN = re.compile(rb'"(usage|timings|metrics)"\s*:\s*\{')
+_KEYS = ("usage", "timings", "metrics")
+_KEY_FOLLOWS = {key: re.compile(rb'"' + key.encode() + rb'"\s*:\s*\{') for key in _KEYS}
+NOTHING_REPORTED = Reported()
 
 
 def read_json_answer(body: bytes, path: str = "") -> Reported:
     """What a whole JSON answer reported. llama.cpp's `/infill` answers with a list: its last element's
     `timings` count.
 
-    An object answer is not parsed whole: only the `usage`, `timings` and `metrics` objects are, found by
-    their keys (inside a JSON string a quote is escaped, so `"usage": {` there cannot match). An answer
-    is mostly generated text; reading just these keeps the cost per request small."""
-    if body.lstrip()[:1] != b"{":
+    An object answer is not parsed whole: only the last `usage`, `timings` and `metrics` objects are, found
+    by searching for their keys from the end, where an answer puts them (inside a JSON string a quote is
+    escaped, so `"usage": {` there cannot match). An answer is mostly generated text; reading just these
+    keeps the cost per request small."""
+    if body[:1] != b"{" and body.lstrip()[:1] != b"{":
         return _read_whole(body, path)
     found: dict[str, Any] = {}
-    for match in _KEY_PATTERN.finditer(body):
-        try:
-            # Decoded from the object's `{` on (a character boundary): the rest of the answer is not needed.
-            value, _ = _DECODER.raw_decode(body[match.end() - 1 :].decode("utf-8", errors="replace"))
-        except ValueError:
-            continue
-        found[match.group(1).decode()] = value  # the last one wins: top-level keys come last
-    return fold_event(Reported(), found) if found else Reported()
+    for key in _KEYS:
+        value = _last_object(body, key)
+        if value is not None:
+            found[key] = value
+    return fold_event(NOTHING_REPORTED, found) if found else NOTHING_REPORTED
+
+
+def _last_object(body: bytes, key: str) -> Any:
+    """The value of the last `"key": {...}` in `body` that decodes, or None."""
+    quoted = b'"' + key.encode() + b'"'
+    follows = _KEY_FOLLOWS[key]
+    end = len(body)
+    while True:
+        at = body.rfind(quoted, 0, end)
+        if at < 0:
+            return None
+        match = follows.match(body, at)
+        if match is not None:
+            try:
+                # Decoded from the object's `{` on (a character boundary): the rest of the answer is not
+                # needed.
+                value, _ = _DECODER.raw_decode(body[match.end() - 1 :].decode("utf-8", errors="replace"))
+                return value
+            except ValueError:
+                pass
+        end = at
 
 
 def _read_whole(body: bytes, path: str) -> Reported:

@@ -1,7 +1,7 @@
 """The activity routes and the recorder's place in the app.
 
 Owns the app's `ActivityRecorder` (made from the config; a reload changes its bounds in place; the store
-opens at startup, off the event loop), what an HTTP request tells it (`begin_http`, `recorded`), the
+opens at startup, off the event loop), what an HTTP request tells it (`begin_http`, `finish_http`), the
 `activity` event after each stored row, and the routes: `GET /api/metrics/activity`,
 `GET /api/metrics/stats`, `GET /api/captures/{id}` (llama-swap's shapes and error texts).
 """
@@ -9,7 +9,6 @@ opens at startup, off the event loop), what an HTTP request tells it (`begin_htt
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
 
 from aiohttp import web
 
@@ -59,30 +58,21 @@ def begin_http(request: web.Request, *, model: str, requested: str, req_path: st
     return recorder_of(state(request)).begin(facts)
 
 
-async def recorded(recording: Recording, work: Awaitable[web.StreamResponse]) -> web.StreamResponse:
-    """Await `work` and finish `recording` with what it answered (also when it fails or is cancelled)."""
-    response: web.StreamResponse | None = None
+def finish_http(recording: Recording, response: web.StreamResponse | None) -> None:
+    """End `recording` with what was answered: the upstream's answer it saw pass, else the response
+    llmswap made itself, else (no response: the handler was cancelled) the client's leaving."""
     try:
-        response = await work
-        return response
-    finally:
-        try:
-            _finish(recording, response)
-        except Exception:
-            log.exception("activity: recording a request failed")
-
-
-def _finish(recording: Recording, response: web.StreamResponse | None) -> None:
-    if response is None:
-        recording.finish(None if recording.answered else CLIENT_GONE, error="" if recording.answered
-                         else "the client went away before the answer")
-    elif recording.answered:
-        recording.finish()
-    elif isinstance(response, web.Response):
-        body = response.body if isinstance(response.body, bytes) else None
-        recording.finish(response.status, content_type=response.content_type, body=body)
-    else:
-        recording.finish(response.status, content_type=response.content_type)
+        if recording.answered:
+            recording.finish()
+        elif response is None:
+            recording.finish(CLIENT_GONE, error="the client went away before the answer")
+        elif isinstance(response, web.Response):
+            body = response.body if isinstance(response.body, bytes) else None
+            recording.finish(response.status, content_type=response.content_type, body=body)
+        else:
+            recording.finish(response.status, content_type=response.content_type)
+    except Exception:
+        log.exception("activity: recording a request failed")
 
 
 # -------------------------------------------------------------------------------- routes

@@ -23,11 +23,11 @@ from llmswap.router import AcquireOptions
 from llmswap.router.base import ProcessLike
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.scheduler.types import SchedulerSnapshot
+from llmswap.server.connections import cancel_on_hangup
 from llmswap.server.errors import error_response, scheduler_error_response
 from llmswap.server.middleware import note_model
 from llmswap.server.peers import peer_models
 from llmswap.server.profiles import active_profile, pin_records
-from llmswap.server.proxy import CLIENT_CLOSED_REQUEST, while_connected
 from llmswap.server.records import CAPABILITY_KEYS, plain, render_capabilities
 from llmswap.server.selectors import selector_records
 from llmswap.server.state import request_api_key, state
@@ -225,8 +225,8 @@ async def load_model(request: web.Request) -> web.StreamResponse:
     if isinstance(model_id, web.Response):
         return model_id
     log.info("load: starting %s (%s %s)", model_id, request.method, request.path)
-    return await while_connected(request, _load(request, model_id),
-                                 on_gone=lambda: web.Response(status=CLIENT_CLOSED_REQUEST))
+    cancel_on_hangup(request)  # a client that hangs up while the model loads leaves the queue
+    return await _load(request, model_id)
 
 
 async def _load(request: web.Request, model_id: str) -> web.StreamResponse:

@@ -1,4 +1,4 @@
-"""The aiohttp application: middlewares in order, then each route family registered by its own module."""
+"""The aiohttp application: its one middleware, then each route family registered by its own module."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ def create_app(server_state: ServerState) -> web.Application:
         activity_api,
         activity_metrics,
         admin,
-        auth,
         cancel,
         events,
         guard,
@@ -41,7 +40,7 @@ def create_app(server_state: ServerState) -> web.Application:
 
     app = web.Application(
         client_max_size=server_state.config.max_request_body,
-        middlewares=[middleware.access_log, middleware.errors, guard.middleware, auth.middleware],
+        middlewares=[middleware.gate],
         handler_args={"tcp_keepalive": True},
     )
     app[STATE] = server_state

@@ -14,7 +14,7 @@ import base64
 import binascii
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,7 +23,7 @@ from multidict import CIMultiDict
 
 from llmswap.config.model import ApiKey
 from llmswap.server.errors import error_response
-from llmswap.server.state import API_KEY, state
+from llmswap.server.state import API_KEY
 
 log = logging.getLogger("llmswap.auth")
 
@@ -103,14 +103,12 @@ def without_credentials(headers: Mapping[str, str]) -> CIMultiDict[str]:
     return kept
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@web.middleware
-async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    keys = state(request).config.api_keys
+def admit(request: web.Request, keys: Sequence[ApiKey]) -> web.Request | web.Response:
+    """The request to serve, or the 401 answer in its place. With `keys` configured and a closed route,
+    the request served is a clone without its credentials (so they never reach an upstream), carrying
+    the matching key under `API_KEY`; otherwise it is `request` itself."""
     if not keys or is_open(request.method, request.path):
-        return await handler(request)
+        return request
     presented = credential(request.headers)
     key = find_key(presented.value, keys) if presented is not None else None
     if key is None:
@@ -120,4 +118,4 @@ async def middleware(request: web.Request, handler: Handler) -> web.StreamRespon
         return error_response(request, 401, UNAUTHORIZED, headers={"WWW-Authenticate": CHALLENGE})
     admitted = request.clone(headers=without_credentials(request.headers))
     admitted[API_KEY] = key
-    return await handler(admitted)
+    return admitted

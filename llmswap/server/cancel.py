@@ -1,10 +1,12 @@
 """Ending a request in flight on request (`POST /api/inflight/{id}/cancel`), cleanly for its client.
 
-The tracker cancels the task serving the request (`InflightTracker.cancel`); the cancellation unwinds
-through the router grant (the model's in-flight count drops as for any finished request) and the upstream
-call (its connection is closed, so the upstream stops generating). `cancellable` then turns it into a
-clean end: an error event and the end of an event stream already under way, an error body when nothing was
-sent yet, a cut connection for any other body already started (never a complete-looking truncated one).
+Owns `served`, the one frame a model-routed request runs in (its in-flight entry, its cancel, the end of
+its activity recording). The tracker cancels the task serving the request (`InflightTracker.cancel`); the
+cancellation unwinds through the router grant (the model's in-flight count drops as for any finished
+request) and the upstream call (its connection is closed, so the upstream stops generating). `served`
+then turns it into a clean end: an error event and the end of an event stream already under way, an error
+body when nothing was sent yet, a cut connection for any other body already started (never a
+complete-looking truncated one).
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 
 from aiohttp import hdrs, web
 
+from llmswap.activity.recording import Recording
+from llmswap.server.activity_api import finish_http
+from llmswap.server.connections import cancel_on_hangup
 from llmswap.server.errors import error_response
-from llmswap.server.inflight import ENTRY, tracker_of
+from llmswap.server.inflight import InflightEntry, tracker_of
 from llmswap.server.proxy import SseErrorFormatter, is_event_stream, openai_sse_error
 from llmswap.server.state import state
 
@@ -30,37 +35,65 @@ def cancelled_message(entry_id: str) -> str:
     return f"the request was cancelled through /api/inflight/{entry_id}/cancel"
 
 
-async def cancellable(
+async def served(
     request: web.Request,
     work: Awaitable[web.StreamResponse],
+    *,
+    model: str | None,
+    path: str | None = None,
+    recording: Recording | None = None,
     sse_error: SseErrorFormatter = openai_sse_error,
-    on_cancel: Callable[[int, str], None] | None = None,
 ) -> web.StreamResponse:
-    """Await `work` (which runs inside a tracked in-flight entry); a cancel of that entry becomes a clean
-    end for the client instead of a dropped connection. `on_cancel(status, message)` is told (activity)."""
+    """Await `work` as one request in flight: an in-flight entry for `model` (None: not tracked; `path` as
+    shown), a cancel of that entry turned into a clean end, and `recording` finished with what was answered.
+
+    One frame instead of a wrapper per concern, and no watcher task: a client that hangs up cancels the
+    handler's task (`connections.cancel_on_hangup`), which unwinds through the router's queue or grant and
+    the upstream call like any cancellation; it is told apart from a cancel through
+    `/api/inflight/{id}/cancel` by the entry's `cancelled`, and from a preemption by the router, which
+    turns its own cancel into `Preempted` before it gets here."""
+    task = asyncio.current_task()
+    cancel_on_hangup(request, task)
+    tracker = tracker_of(state(request))
+    entry = tracker.open(request, model, path, task) if model is not None else None
+    response: web.StreamResponse | None = None
     try:
-        return await work
-    except asyncio.CancelledError:
-        entry = request.get(ENTRY)
-        task = asyncio.current_task()
-        if entry is None or not entry.cancelled or task is None:
-            raise
-        task.uncancel()
-        message = cancelled_message(entry.id)
-        log.info("%s %s: %s", request.method, request.path, message)
-        if on_cancel is not None:
-            on_cancel(CANCELLED_STATUS, message)
-        response = entry.response
-        if response is None or not response.prepared:
-            return error_response(request, CANCELLED_STATUS, message)
-        if is_event_stream(response.headers.get(hdrs.CONTENT_TYPE, "")):
-            with contextlib.suppress(ConnectionError):
-                await response.write(sse_error(CANCELLED_STATUS, message))
-                await response.write_eof()
-            return response
-        if request.transport is not None:
-            request.transport.close()
+        response = await work
         return response
+    except asyncio.CancelledError:
+        if entry is None or not entry.cancelled or task is None:
+            raise  # the client left, or the server is stopping
+        task.uncancel()
+        response = await _cancelled_end(request, entry, sse_error, recording)
+        return response
+    finally:
+        if entry is not None:
+            tracker.close(entry)
+        if recording is not None:
+            finish_http(recording, response)
+
+
+async def _cancelled_end(
+    request: web.Request, entry: InflightEntry, sse_error: SseErrorFormatter, recording: Recording | None,
+) -> web.StreamResponse:
+    """The client's clean end after its request was cancelled in flight: an error body when nothing was
+    sent yet, an error event and the end of an event stream under way, else a cut connection (never a
+    complete-looking truncated body)."""
+    message = cancelled_message(entry.id)
+    log.info("%s %s: %s", request.method, request.path, message)
+    if recording is not None:
+        recording.fail(CANCELLED_STATUS, message)
+    response = entry.response
+    if response is None or not response.prepared:
+        return error_response(request, CANCELLED_STATUS, message)
+    if is_event_stream(response.headers.get(hdrs.CONTENT_TYPE, "")):
+        with contextlib.suppress(ConnectionError):
+            await response.write(sse_error(CANCELLED_STATUS, message))
+            await response.write_eof()
+        return response
+    if request.transport is not None:
+        request.transport.close()
+    return response
 
 
 async def list_route(request: web.Request) -> web.Response:

@@ -115,6 +115,7 @@ class ClientConnection(RequestHandler):
         super().__init__(manager, keepalive_timeout=header_timeout, **kwargs)
         self._header_timeout = header_timeout
         self._head_deadline: asyncio.TimerHandle | None = None
+        self.hangup_task: asyncio.Task[Any] | None = None  # see `cancel_on_hangup`
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -125,6 +126,9 @@ class ClientConnection(RequestHandler):
             self._head_deadline.cancel()
             self._head_deadline = None
         super().connection_lost(exc)
+        task, self.hangup_task = self.hangup_task, None
+        if task is not None and not task.done():
+            task.cancel()
 
     def _first_head_overdue(self) -> None:
         self._head_deadline = None
@@ -156,6 +160,24 @@ class ClientConnection(RequestHandler):
             log.debug("dropped the unreadable rest of a request body from %s: %s", self.peername, exc)
             return
         super().log_exception(*args, **kwargs)
+
+
+def cancel_on_hangup(request: web.BaseRequest, task: asyncio.Task[Any] | None = None) -> None:
+    """Have `task` (default: the running one, the request's handler) cancelled when the client's connection
+    is lost before it ends: seen by the transport, with no watcher task. Only the routes that ask
+    (inference): aiohttp's `handler_cancellation` would cancel every handler, websocket relays finishing a
+    close among them."""
+    protocol = request.protocol
+    if isinstance(protocol, ClientConnection):
+        protocol.hangup_task = task or asyncio.current_task()
+
+
+def keep_on_hangup(request: web.BaseRequest) -> None:
+    """Undo `cancel_on_hangup`: from now on the handler sees a hang-up itself (a websocket relay that must
+    still pass on the client's close)."""
+    protocol = request.protocol
+    if isinstance(protocol, ClientConnection):
+        protocol.hangup_task = None
 
 
 def _json_error(status: int, message: str) -> web.Response:

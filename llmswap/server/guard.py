@@ -1,5 +1,6 @@
 """Who may talk to llmswap from a browser: the Host check, the Origin check, the cross-site refusal and the
-CORS headers. Runs before auth, so a page that may not reach llmswap is refused whether or not it has a key.
+CORS headers. `screen` runs (from the one middleware, `llmswap.server.middleware.gate`) before auth, so a
+page that may not reach llmswap is refused whether or not it has a key.
 
 A local llmswap must not be drivable by whatever web page its user happens to open:
 - **Host.** On a loopback listener, a Host that is not loopback (or listed in `allowedHosts`) is refused:
@@ -17,11 +18,12 @@ Allowed origins get their own origin back in `Access-Control-Allow-Origin` (with
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import re
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -29,6 +31,7 @@ from aiohttp import web
 from llmswap.config.model import Config
 from llmswap.config.origins import (
     DEFAULT_PORTS,
+    HostPattern,
     host_matches,
     is_loopback_host,
     is_loopback_origin,
@@ -36,11 +39,8 @@ from llmswap.config.origins import (
     split_host_port,
 )
 from llmswap.server.errors import error_response
-from llmswap.server.state import state
 
 log = logging.getLogger("llmswap.server")
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 ALLOW_METHODS = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
 DEFAULT_ALLOW_HEADERS = "Content-Type, Authorization, Accept, X-Requested-With"
@@ -68,24 +68,30 @@ class Verdict:
         return bool(self.refusal)
 
 
+LET_IN = Verdict()
+
+
 def judge(method: str, path: str, headers: Mapping[str, str], config: Config, *,
           loopback_listener: bool) -> Verdict:
     """Whether a request may go on, from its method, path and headers alone (pure: no I/O)."""
     host_header = headers.get("Host", "")
-    refusal = _host_refusal(host_header, config, loopback_listener)
-    if refusal:
-        return Verdict(refusal=refusal)
-    any_origin = any(pattern.any_origin for pattern in config.allowed_origins)
+    # HTTP/1.0 without Host cannot be a browser; a public listener is free unless allowedHosts is set.
+    if host_header and (loopback_listener or config.allowed_hosts):
+        refusal = _host_refusal(host_header, config.allowed_hosts, loopback_listener)
+        if refusal:
+            return Verdict(refusal=refusal)
     origin_text = headers.get("Origin")
     if origin_text is None:
-        fetch_site = headers.get("Sec-Fetch-Site", "").strip().lower()
+        fetch_site = headers.get("Sec-Fetch-Site")
+        if fetch_site is None or fetch_site.strip().lower() != "cross-site":
+            return LET_IN  # what SDKs and curl send: neither header, no CORS work
         safe_page = method in ("GET", "HEAD") and (path in CROSS_SITE_PAGES or path.startswith("/ui/"))
-        if fetch_site == "cross-site" and not any_origin and not safe_page:
+        if not safe_page and not any(pattern.any_origin for pattern in config.allowed_origins):
             return Verdict(refusal=(
                 f"refused {method} {path}: a page on another site may not drive llmswap (the browser says "
                 "Sec-Fetch-Site: cross-site and sends no Origin); open llmswap's own page, or call it with "
                 "fetch() from an origin listed in cors.allowedOrigins"))
-        return Verdict()
+        return LET_IN
     origin_text = origin_text.strip()
     if origin_allowed(origin_text, host_header, config):
         return Verdict(allow_origin=origin_text)
@@ -114,12 +120,13 @@ def _same_origin(scheme: str, host: str, port: int | None, host_header: str) -> 
     return sent_host == host and (sent_port if sent_port is not None else DEFAULT_PORTS[scheme]) == port
 
 
-def _host_refusal(host_header: str, config: Config, loopback_listener: bool) -> str:
-    if not host_header or not (loopback_listener or config.allowed_hosts):
-        return ""  # HTTP/1.0 without Host cannot be a browser; a public listener is free unless configured
+# A listener sees a handful of Host values, so each one's verdict is worked out once; the bound keeps a
+# client that invents a new Host per request from growing it.
+@functools.lru_cache(maxsize=256)
+def _host_refusal(host_header: str, allowed_hosts: tuple[HostPattern, ...], loopback_listener: bool) -> str:
     authority = split_host_port(host_header)
     host = authority[0] if authority is not None else ""
-    if host and (is_loopback_host(host) or any(host_matches(p.host, host) for p in config.allowed_hosts)):
+    if host and (is_loopback_host(host) or any(host_matches(p.host, host) for p in allowed_hosts)):
         return ""
     shown = host_header if host_header.isprintable() else repr(host_header)
     if loopback_listener:
@@ -153,12 +160,12 @@ def sanitize_header_names(value: str) -> str:
     return ", ".join(name for name in names if _HEADER_TOKEN.fullmatch(name))
 
 
-@web.middleware
-async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    server = state(request)
-    verdict = judge(request.method, request.path, request.headers, server.config,
-                    loopback_listener=server.loopback_listener)
-    if verdict.refused:
+def screen(request: web.BaseRequest, config: Config, *, loopback_listener: bool) -> web.Response | None:
+    """The answer the guard gives in place of the route (a 403 refusal, or a CORS preflight's 204), or None
+    to let the request go on. An allowed origin is noted on the request for the response hook."""
+    verdict = judge(request.method, request.path, request.headers, config,
+                    loopback_listener=loopback_listener)
+    if verdict.refusal:
         log.warning("guard: refused %s %s from %s: %s", request.method, request.path, request.remote or "-",
                     verdict.refusal)
         return error_response(request, 403, verdict.refusal)
@@ -166,7 +173,7 @@ async def middleware(request: web.Request, handler: Handler) -> web.StreamRespon
         request[ALLOWED_ORIGIN] = verdict.allow_origin
     if request.method == "OPTIONS":
         return web.Response(status=204, headers=preflight_headers(request.headers, verdict.allow_origin))
-    return await handler(request)
+    return None
 
 
 async def _cors_headers(request: web.BaseRequest, response: web.StreamResponse) -> None:
@@ -177,7 +184,9 @@ async def _cors_headers(request: web.BaseRequest, response: web.StreamResponse) 
         if "Origin" not in response.headers.getall("Vary", []):
             response.headers.add("Vary", "Origin")
         return
-    origins = response.headers.getall("Access-Control-Allow-Origin", [])
+    if "Access-Control-Allow-Origin" not in response.headers:
+        return  # the usual answer to a request from no page: nothing to look at
+    origins = response.headers.getall("Access-Control-Allow-Origin")
     if len(origins) > 1:
         response.headers["Access-Control-Allow-Origin"] = origins[0]  # clients reject a list
 

@@ -2,8 +2,10 @@
 the upstream, wait for the model (with loading feedback when asked), then stream the upstream's answer.
 
 A request goes to a local model (by id or alias) when one matches, else to a peer, else it is a 404. The
-whole request runs under `proxy.while_connected`: a client that hangs up while queued leaves the queue
-(the router never starts a model for it), one that hangs up mid-stream closes the upstream request.
+request runs in `cancel.served` (its in-flight entry, cancel and activity recording), which has the
+handler cancelled when its client hangs up (`connections.cancel_on_hangup`): a client that hangs up while
+queued leaves the queue (the router never starts a model for it), one that hangs up mid-stream closes the
+upstream request.
 """
 
 from __future__ import annotations
@@ -23,10 +25,9 @@ from llmswap.process.state import ProcessState
 from llmswap.router import AcquireOptions, BaseRouter
 from llmswap.scheduler.errors import Preempted, SchedulerError
 from llmswap.server import guardrails, middleware
-from llmswap.server.activity_api import begin_http, recorded
-from llmswap.server.cancel import cancellable
+from llmswap.server.activity_api import begin_http
+from llmswap.server.cancel import served
 from llmswap.server.errors import error_response, scheduler_error_response
-from llmswap.server.inflight import tracker_of
 from llmswap.server.loading import LoadingFeedback, StreamDialect, dialect_for
 from llmswap.server.peers import forward_to_peer, resolve_peer
 from llmswap.server.profiles import active_profile
@@ -37,7 +38,6 @@ from llmswap.server.proxy import (
     close_upstream_pool,
     dispatcher,
     forward,
-    while_connected,
 )
 from llmswap.server.resolve import Identified, MalformedRequest, encode_form_value, identify, renamed
 from llmswap.server.selectors import Lease, NoTarget, SelectorBook
@@ -111,7 +111,7 @@ def setup(app: web.Application) -> None:
 
 def _handler(route: InferenceRoute) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
-        return await while_connected(request, serve(request, route), on_gone=_client_left)
+        return await serve(request, route)
 
     handle.__name__ = f"proxy {route.path}"
     return handle
@@ -228,19 +228,17 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
         if real is not None:
             middleware.note_model(request, real)
             recording = begin_http(request, model=real, requested=asked_for, req_path=route.upstream_path)
-            with tracker_of(server).track(request, real):
-                work = _serve_local(request, server, router, config.models[real], incoming, recording)
-                return await recorded(recording, cancellable(request, work, incoming.dialect.error,
-                                                             recording.fail))
+            work = _serve_local(request, server, router, config.models[real], incoming, recording)
+            return await served(request, work, model=real, recording=recording,
+                                sse_error=incoming.dialect.error)
         peer = resolve_peer(config, found.model)
         if peer is not None:
             middleware.note_model(request, found.model)
             recording = begin_http(request, model=found.model, requested=asked_for,
                                    req_path=route.upstream_path)
-            with tracker_of(server).track(request, found.model):
-                work = _serve_peer(request, peer[0], peer[1], incoming, recording)
-                return await recorded(recording, cancellable(request, work, incoming.dialect.error,
-                                                             recording.fail))
+            work = _serve_peer(request, peer[0], peer[1], incoming, recording)
+            return await served(request, work, model=found.model, recording=recording,
+                                sse_error=incoming.dialect.error)
     except ConnectionResetError:
         return _client_left()
     finally:

@@ -11,10 +11,9 @@ it ends; byte progress is read by whoever publishes, at its own pace (see `Event
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -51,12 +50,15 @@ class InflightEntry:
     task: asyncio.Task[Any] | None = None
     response: web.StreamResponse | None = None
     cancelled: bool = False
+    # While in flight: the request, read for the client's address only when the entry is shown.
+    request: web.BaseRequest | None = None
 
     def as_dict(self, now_monotonic: float) -> dict[str, Any]:
         stamp = datetime.fromtimestamp(self.started, UTC).isoformat().replace("+00:00", "Z")
         return {
             "id": self.id, "timestamp": stamp, "model": self.model, "req_path": self.req_path,
-            "method": self.method, "req_headers": redacted(self.request_headers), "remote_ip": self.remote_ip,
+            "method": self.method, "req_headers": redacted(self.request_headers),
+            "remote_ip": remote_ip(self.request) if self.request is not None else self.remote_ip,
             "resp_headers": redacted(self.response_headers or {}), "resp_bytes": self.resp_bytes,
             "elapsed_ms": int((now_monotonic - self.started_monotonic) * 1000),
         }
@@ -85,23 +87,30 @@ class InflightTracker:
         for listener in tuple(self.listeners):
             listener(operation, entry)
 
-    @contextlib.contextmanager
-    def track(self, request: web.Request, model: str, path: str | None = None) -> Iterator[InflightEntry]:
-        """Hold an entry for `request` (routed to `model`; `path` as shown, default the request's) while the
-        block runs."""
+    def open(self, request: web.Request, model: str, path: str | None = None,
+             task: asyncio.Task[Any] | None = None) -> InflightEntry:
+        """Add an entry for `request` (routed to `model`; `path` as shown, default the request's), served by
+        `task` (default: the current one); `close` it when the request ends."""
         entry = InflightEntry(
             id=str(next(self._ids)), started=self.wall_clock(), started_monotonic=self.monotonic(),
             model=model, req_path=request.path if path is None else path, method=request.method,
-            request_headers=request.headers, remote_ip=remote_ip(request), task=asyncio.current_task(),
+            request_headers=request.headers, remote_ip="", task=task or asyncio.current_task(),
+            request=request,
         )
         self._entries[entry.id] = entry
         request[ENTRY] = entry
-        self._tell("upsert", entry)
-        try:
-            yield entry
-        finally:
-            del self._entries[entry.id]
-            request.pop(ENTRY, None)
+        if self.listeners:
+            self._tell("upsert", entry)
+        return entry
+
+    def close(self, entry: InflightEntry) -> None:
+        if self._entries.pop(entry.id, None) is None:
+            return
+        if entry.request is not None:
+            entry.request.pop(ENTRY, None)
+            entry.remote_ip = remote_ip(entry.request)  # what `as_dict` shows once the request is let go
+            entry.request = None
+        if self.listeners:
             self._tell("remove", entry)
 
     def responded(self, entry: InflightEntry, response: web.StreamResponse) -> None:

@@ -9,11 +9,16 @@ which is kept apart from the proxy's records: it has a ring of its own.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import TextIO
+from typing import Any, TextIO
 
 from llmswap.process.logring import LogRing
 from llmswap.server.state import RingHandler
@@ -120,12 +125,83 @@ class ProxyFormatter(logging.Formatter):
         return line
 
 
+def emit_line(logger: logging.Logger, level: int, line: str) -> None:
+    """Hand a finished line to `logger`'s handlers as `logger.log(level, "%s", line)` would, minus the walk
+    up the stack for the caller's file and line (no format here prints them) and most of the record's
+    making: on the access log, once per request, both were a measurable share of a request's cost."""
+    if not logger.isEnabledFor(level):
+        return
+    if logging.getLogRecordFactory() is not logging.LogRecord:  # someone's own records: theirs to make
+        logger.handle(logger.makeRecord(logger.name, level, __file__, 0, line, None, None))
+        return
+    logger.handle(_line_record(logger.name, level, line))
+
+
+_RECORD_TEMPLATES: dict[tuple[str, int, int], dict[str, Any]] = {}
+
+
+def _line_record(name: str, level: int, line: str) -> logging.LogRecord:
+    # Everything but the time, the thread and the message is the same for every line of one logger and
+    # level (in one process): made once by LogRecord itself, then copied.
+    key = (name, level, os.getpid())
+    template = _RECORD_TEMPLATES.get(key)
+    if template is None:
+        template = vars(logging.LogRecord(name, level, __file__, 0, "", None, None)).copy()
+        _RECORD_TEMPLATES[key] = template
+    record = logging.LogRecord.__new__(logging.LogRecord)
+    fields = record.__dict__
+    fields.update(template)
+    now = time.time()
+    fields["created"] = now
+    fields["msecs"] = int((now - int(now)) * 1000) + 0.0
+    # Milliseconds since logging started, as LogRecord counts them: the template's, moved on since.
+    fields["relativeCreated"] = template["relativeCreated"] + (now - template["created"]) * 1000
+    if logging.logThreads:
+        fields["thread"] = threading.get_ident()
+        fields["threadName"] = threading.current_thread().name
+    fields["msg"] = line
+    return record
+
+
 class _Installed(logging.Handler):
     """Marks the handlers this module installed, so configuring again (a reload) replaces them."""
 
 
 class _Stream(logging.StreamHandler, _Installed):  # type: ignore[type-arg]
-    pass
+    """stdout. Lines logged on a running event loop are written together once the loop's current pass ends:
+    one write for a burst of access lines instead of a write (a system call, stdout is often unbuffered) per
+    request. Lines logged off the loop (start, stop, other threads) are written at once, after any held."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(stream)
+        self._held: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record) + self.terminator
+        except Exception:
+            self.handleError(record)
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        self._held.append(text)
+        if loop is None:
+            self.flush()
+        elif len(self._held) == 1:
+            loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        # Also called by logging.shutdown at exit, so nothing held is lost when the loop stops first.
+        with self.lock or contextlib.nullcontext():
+            if self._held:
+                text, self._held = "".join(self._held), []
+                try:
+                    self.stream.write(text)
+                except Exception:
+                    self.handleError(logging.makeLogRecord({"msg": text}))
+            super().flush()
 
 
 class _Ring(RingHandler, _Installed):
@@ -146,6 +222,7 @@ def configure_logging(
     upstream = logging.getLogger(UPSTREAM_LOGGER)
     for logger in (proxy, upstream):
         for handler in [h for h in logger.handlers if isinstance(h, _Installed)]:
+            handler.flush()  # lines held for the end of the loop's pass go out before the handler goes
             logger.removeHandler(handler)
     formatter = ProxyFormatter(time_format)
 

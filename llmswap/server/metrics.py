@@ -3,8 +3,9 @@
 One `ServerMetrics` per app, with its own `CollectorRegistry` (never the global one: two apps in one
 process, or a test suite, must not share counters). Three sources feed it:
 
-- every answered request, from the access-log middleware (`REQUEST_OBSERVERS`): requests by model, route
-  and status; request duration, time to the first upstream byte and the wait for the router's grant;
+- every answered request, from whichever front served it (`REQUEST_OBSERVERS`, an `Answered` each):
+  requests by model, route and status; request duration, time to the first upstream byte and the wait
+  for the router's grant;
 - router observers (on every router a config reload installs, see `ServerState.watch_router`): model
   starts, restarts (starts after a model's first), unexpected exits, start failures, load durations (from
   `ready` events) and swap durations;
@@ -51,7 +52,7 @@ from llmswap.process.events import ProcessEvent
 from llmswap.process.state import ProcessState
 from llmswap.router.base import BaseRouter
 from llmswap.router.types import RouterEvent, RouterStats, SwapFinished
-from llmswap.server.middleware import REQUEST_OBSERVERS, AccessRecord
+from llmswap.server.middleware import REQUEST_OBSERVERS, Answered
 from llmswap.server.state import STATE, ServerState
 from llmswap.server.websocket import open_sockets
 
@@ -63,14 +64,6 @@ METRICS_KEY = "metrics"  # ServerState.extras key of the app's ServerMetrics
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
-UNMATCHED_ROUTE = "unmatched"
-
-
-def route_label(request: web.BaseRequest) -> str:
-    """The route's pattern, so paths with ids in them do not each become a series of their own."""
-    route = getattr(request.match_info, "route", None)
-    resource = route.resource if route is not None else None
-    return resource.canonical if resource is not None else UNMATCHED_ROUTE
 
 
 class ServerMetrics:
@@ -109,6 +102,7 @@ class ServerMetrics:
                                       "Upstream starts that failed (exit, health-check timeout, spawn error)",
                                       ("model",), registry=r)
         self._started_once: set[str] = set()
+        self._request_series: dict[tuple[str, str, int], RequestSeries] = {}
         self._routers_seen: list[tuple[RouterStats, Any]] = []  # (router stats, scheduler stats or None)
         self._own_reader = reader
         self._reader_opened = reader is not None
@@ -145,14 +139,18 @@ class ServerMetrics:
         elif item.kind == "start_failed":
             self.start_failures.labels(model).inc()
 
-    def on_request(self, request: web.Request, record: AccessRecord, status: int, seconds: float) -> None:
-        route = route_label(request)
-        self.requests.labels(record.model, route, str(status)).inc()
-        self.request_seconds.labels(record.model, route).observe(seconds)
-        if record.first_byte is not None:
-            self.first_byte_seconds.labels(record.model, route).observe(record.first_byte)
-        if record.waited is not None:
-            self.queue_wait_seconds.labels(record.model).observe(record.waited)
+    def on_request(self, answered: Answered) -> None:
+        key = (answered.model, answered.route, answered.status)
+        series = self._request_series.get(key)
+        if series is None:  # looked up once per (model, route, status): labels() costs more than the update
+            series = RequestSeries(self, answered.model, answered.route, answered.status)
+            self._request_series[key] = series
+        series.count.inc()
+        series.duration.observe(answered.seconds)
+        if answered.first_byte is not None:
+            series.first_byte().observe(answered.first_byte)
+        if answered.waited is not None:
+            series.waited().observe(answered.waited)
 
     # ------------------------------------------------------------------ reading
 
@@ -203,6 +201,28 @@ class ServerMetrics:
     def close(self) -> None:
         if self._own_reader is not None:
             self._own_reader.close()
+
+
+class RequestSeries:
+    """The series one (model, route, status) updates; the optional ones made when first observed (a series
+    once made is exposed, zero or not)."""
+
+    def __init__(self, metrics: ServerMetrics, model: str, route: str, status: int) -> None:
+        self.metrics, self.model, self.route = metrics, model, route
+        self.count = metrics.requests.labels(model, route, str(status))
+        self.duration = metrics.request_seconds.labels(model, route)
+        self._first_byte: Any = None
+        self._waited: Any = None
+
+    def first_byte(self) -> Any:
+        if self._first_byte is None:
+            self._first_byte = self.metrics.first_byte_seconds.labels(self.model, self.route)
+        return self._first_byte
+
+    def waited(self) -> Any:
+        if self._waited is None:
+            self._waited = self.metrics.queue_wait_seconds.labels(self.model)
+        return self._waited
 
 
 def _add(into: dict[str, int], counts: Mapping[str, int]) -> None:

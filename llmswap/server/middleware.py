@@ -1,21 +1,28 @@
-"""The middlewares every request passes through: the access log and error shaping.
+"""The one middleware every request passes (`gate`), and the access record it keeps.
 
-Order (outermost first, see `app.py`): `access_log` → `errors` → `guard.middleware` → `auth.middleware`
-→ route. `errors` turns anything a route or aiohttp itself raises (404/405 from the router, 413 from the
+In one frame, outermost first: the access record and line (and the request observers, e.g. metrics), the
+error shaping, the guard (`llmswap.server.guard.screen`: Host, Origin, CORS preflights) and auth
+(`llmswap.server.auth.admit`: API keys), then the route. Each of those modules owns its own decisions;
+this one only calls them in order, so a request that needs no work (no Origin, no `apiKeys`) costs none.
+The error shaping turns anything a route or aiohttp itself raises (404/405 from the router, 413 from the
 body limit, a bug) into llmswap's error envelope, so no client ever sees aiohttp's HTML page or a
-traceback. Origins, Host names and CORS are `llmswap.server.guard`'s.
+traceback.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from aiohttp import web
 
+from llmswap.server import auth, guard
 from llmswap.server.errors import error_response
+from llmswap.server.logsetup import emit_line
+from llmswap.server.state import STATE
 
 access_logger = logging.getLogger("llmswap.access")
 log = logging.getLogger("llmswap.server")
@@ -38,8 +45,27 @@ class AccessRecord:
     answering: bool = False  # the answer's status line went out: no other response can follow
 
 
-# Told about every request once it is answered: (request, record, status, seconds). Must not block.
-RequestObserver = Callable[[web.Request, AccessRecord, int, float], None]
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """What the request observers learn about one answered request: the same whichever front served it
+    (aiohttp here, or a raw one), so observers never see a framework's request object."""
+
+    method: str
+    path: str
+    route: str  # the route's pattern (`/logs/stream/{log_id}`), UNMATCHED_ROUTE when none matched
+    remote: str | None
+    model: str
+    status: int  # CLIENT_GONE when the client left first
+    seconds: float  # arrival to the end of the answer
+    waited: float | None = None  # see AccessRecord
+    load: float | None = None
+    first_byte: float | None = None
+
+
+UNMATCHED_ROUTE = "unmatched"
+
+# Told about every request once it is answered. Must not block.
+RequestObserver = Callable[[Answered], None]
 REQUEST_OBSERVERS: web.AppKey[list[RequestObserver]] = web.AppKey("llmswap_request_observers", list)
 
 
@@ -88,8 +114,19 @@ def note_first_byte(request: web.BaseRequest) -> None:
         record.first_byte = time.monotonic() - record.started
 
 
+class Timings(Protocol):
+    """Where a request's time went, as an AccessRecord or an Answered tells it."""
+
+    @property
+    def waited(self) -> float | None: ...
+    @property
+    def load(self) -> float | None: ...
+    @property
+    def first_byte(self) -> float | None: ...
+
+
 def access_line(remote: str | None, method: str, path: str, status: int, seconds: float, model: str,
-                record: AccessRecord | None = None) -> str:
+                record: Timings | None = None) -> str:
     """One access-log line. The path only: query strings and headers may carry secrets.
 
     A request that waited for a model also says where its time went (OC-CORE-1040): `queue` (waiting
@@ -108,59 +145,84 @@ def access_line(remote: str | None, method: str, path: str, status: int, seconds
     return line
 
 
+def report(answered: Answered, observers: Sequence[RequestObserver]) -> None:
+    """Write the access line of an answered request (formatted only when the access log takes INFO) and
+    tell the observers: what every front calls once per request."""
+    if access_logger.isEnabledFor(logging.INFO):
+        line = access_line(answered.remote, answered.method, answered.path, answered.status,
+                           answered.seconds, answered.model, answered)
+        emit_line(access_logger, logging.INFO, line)
+    for observe in observers:
+        try:
+            observe(answered)
+        except Exception:
+            log.exception("request observer failed for %s %s", answered.method, answered.path)
+
+
 @web.middleware
-async def access_log(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """llmswap's one middleware: access record, error shaping, guard, auth, route (see the module's doc)."""
     started = time.monotonic()
     record = AccessRecord(started=started)
     request[ACCESS] = record
     status = CLIENT_GONE  # what remains if the handler is cancelled: the client left
     try:
-        response = await handler(request)
+        try:
+            server = request.app[STATE]
+            response: web.StreamResponse | None = guard.screen(
+                request, server.config, loopback_listener=server.loopback_listener)
+            if response is None:
+                keys = server.config.api_keys
+                if not keys:  # auth is off: nothing to look up, nothing to strip
+                    response = await handler(request)
+                else:
+                    admitted = auth.admit(request, keys)
+                    response = admitted if isinstance(admitted, web.Response) else await handler(admitted)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise  # redirects and other non-errors pass as aiohttp built them
+            response = error_response(request, exc.status, _http_error_message(request, exc),
+                                      headers=_kept(exc))
+        except web.RequestPayloadError as exc:
+            response = _unreadable_body(request, exc)
+        except ConnectionError:
+            if _client_gone(request):
+                log.debug("%s %s: the client went away before the response was complete",
+                          request.method, request.path)
+                response = _abandoned(request, CLIENT_GONE)
+            else:
+                response = _internal_error(request)
+        except Exception:
+            response = _internal_error(request)
         status = response.status
         return response
     except web.HTTPException as exc:
         status = exc.status
         raise
     except Exception:
-        status = 500
+        status = 500  # shaping the error failed too: aiohttp answers it
         raise
     finally:
-        elapsed = time.monotonic() - started
-        access_logger.info(
-            "%s", access_line(request.remote, request.method, request.path, status, elapsed, record.model,
-                              record)
-        )
-        for observe in request.app.get(REQUEST_OBSERVERS, ()):
-            try:
-                observe(request, record, status, elapsed)
-            except Exception:
-                log.exception("request observer failed for %s %s", request.method, request.path)
+        report(Answered(request.method, request.path, route_label(request), request.remote, record.model,
+                        status, time.monotonic() - started, record.waited, record.load, record.first_byte),
+               request.app.get(REQUEST_OBSERVERS, ()))
 
 
-@web.middleware
-async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise  # redirects and other non-errors pass as aiohttp built them
-        return error_response(request, exc.status, _http_error_message(request, exc), headers=_kept(exc))
-    except web.RequestPayloadError as exc:
-        # The body could not be read as sent (bad chunking, a Content-Encoding it is not in): the client's
-        # fault, and the rest of the connection cannot be trusted to start at a request boundary.
-        log.info("%s %s: unreadable request body from %s: %s", request.method, request.path, request.remote,
-                 payload_error_text(exc))
-        response = error_response(request, 400, f"the request body cannot be read: {payload_error_text(exc)}")
-        response.force_close()
-        return response
-    except ConnectionError:
-        if _client_gone(request):
-            log.debug("%s %s: the client went away before the response was complete",
-                      request.method, request.path)
-            return _abandoned(request, CLIENT_GONE)
-        return _internal_error(request)
-    except Exception:
-        return _internal_error(request)
+def route_label(request: web.BaseRequest) -> str:
+    """The route's pattern, so paths with ids in them do not each become a series of their own."""
+    route = getattr(request.match_info, "route", None)
+    resource = route.resource if route is not None else None
+    return resource.canonical if resource is not None else UNMATCHED_ROUTE
+
+
+def _unreadable_body(request: web.Request, exc: web.RequestPayloadError) -> web.StreamResponse:
+    # The body could not be read as sent (bad chunking, a Content-Encoding it is not in): the client's
+    # fault, and the rest of the connection cannot be trusted to start at a request boundary.
+    log.info("%s %s: unreadable request body from %s: %s", request.method, request.path, request.remote,
+             payload_error_text(exc))
+    response = error_response(request, 400, f"the request body cannot be read: {payload_error_text(exc)}")
+    response.force_close()
+    return response
 
 
 def payload_error_text(exc: BaseException) -> str:

@@ -1,18 +1,16 @@
 """Forwarding one HTTP request to an upstream and relaying its answer as it arrives.
 
 Owns the server's handle on the upstream pool (`llmswap.dispatch.pool`), `forward` (the request out, the
-response back, byte for byte and unbuffered), what a client sees when the upstream fails before or during
-the answer, and noticing a client that hung up while its request waits or streams.
+response back, byte for byte and unbuffered), and what a client sees when the upstream fails before or
+during the answer. (A client that hangs up cancels its handler: `connections.cancel_on_hangup`.)
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Collection, Mapping
 
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
@@ -51,7 +49,6 @@ _REQUEST_ONLY_LOCAL = frozenset({"content-length", "expect"})
 # on is the decoded one, so the header that described the encoding stays behind.
 DECODED_REQUEST_ENCODINGS = frozenset({"gzip", "deflate", "br", "zstd"})
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first", for the access log
-DISCONNECT_POLL = 0.1  # seconds between checks that the client is still connected
 _ERROR_BODY_LIMIT = 64 * 1024
 
 UPSTREAMS_KEY = "upstreams"  # ServerState.extras key of the pool
@@ -332,44 +329,3 @@ def _error_message(text: str) -> str:
 async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
     with contextlib.suppress(ConnectionError):
         await response.write(data)
-
-
-# -------------------------------------------------------------------------------- client disconnects
-
-
-def client_gone(request: web.BaseRequest) -> bool:
-    """Whether the client's connection is closed (or closing)."""
-    transport = request.transport
-    return transport is None or transport.is_closing()
-
-
-T = TypeVar("T")
-
-
-async def while_connected(
-    request: web.BaseRequest,
-    work: Coroutine[Any, Any, T] | Awaitable[T],
-    *,
-    on_gone: Callable[[], T],
-    poll: float = DISCONNECT_POLL,
-) -> T:
-    """Run `work` until it finishes or the client hangs up; then cancel it and return `on_gone()`.
-
-    aiohttp does not cancel a handler when its client disconnects (unless the server runs with
-    `handler_cancellation=True`, which also works with this), so a request waiting in the queue would
-    otherwise stay there and could start a model for nobody.
-    """
-    task: asyncio.Future[T] = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=poll)
-            if done:
-                return task.result()
-            if client_gone(request):
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                return on_gone()
-    finally:
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)

@@ -15,7 +15,6 @@ and are closed when it stops.
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,12 +28,12 @@ from llmswap.process.state import ProcessState
 from llmswap.router import AcquireOptions
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.server import proxy, websocket
-from llmswap.server.activity_api import begin_http, recorded
-from llmswap.server.cancel import cancellable
+from llmswap.server.activity_api import begin_http
+from llmswap.server.cancel import served
+from llmswap.server.connections import cancel_on_hangup, keep_on_hangup
 from llmswap.server.errors import error_response, scheduler_error_response
 from llmswap.server.inference import ROUTES, BodyTooLarge, read_body, request_priority
-from llmswap.server.inflight import tracker_of
-from llmswap.server.middleware import CLIENT_GONE, note_model, too_large_message
+from llmswap.server.middleware import note_model, too_large_message
 from llmswap.server.peers import forward_to_peer, peer_headers, resolve_peer
 from llmswap.server.profiles import active_profile
 from llmswap.server.proxy import upstream_pool
@@ -142,28 +141,21 @@ async def to_upstream(request: web.Request) -> web.StreamResponse:
     body = raw if request.body_exists else None
     name = target.model if target.peer is None else f"{target.peer}/{target.model}"
     note_model(request, name)
-    with _tracked(request, name, target.path) as entry:
-        # A model route reached this way is recorded in activity too (POSTs, as llama-swap records them).
-        recording = None
-        if entry is not None and request.method == "POST":
-            recording = begin_http(request, model=name, requested=name, req_path=unquote(target.path))
-        if target.peer is not None:
-            peer = server.config.peers[target.peer]
-            # The body goes as the client sent it: no model rewrite, no filters (unlike the inference routes).
-            work = forward_to_peer(request, peer, path=target.path, body=body, recording=recording)
-        else:
-            work = _to_model(request, target.model, target.path, body, priority, recording)
-        work = cancellable(request, work, on_cancel=recording.fail if recording is not None else None)
-        return await (recorded(recording, work) if recording is not None else work)
-
-
-def _tracked(request: web.Request, model: str, raw_path: str) -> contextlib.AbstractContextManager[object]:
-    """An in-flight entry when the path is itself a model route (as llama-swap tracks them), shown by the
-    path after the model; nothing for the upstream's other pages."""
-    path = unquote(raw_path)
-    if (request.method, path) not in MODEL_ROUTES:
-        return contextlib.nullcontext()
-    return tracker_of(state(request)).track(request, model, path)
+    # An in-flight entry when the path is itself a model route (as llama-swap tracks them), shown by the
+    # path after the model; nothing for the upstream's other pages. Such a route is recorded in activity
+    # too (POSTs, as llama-swap records them).
+    path = unquote(target.path)
+    tracked = (request.method, path) in MODEL_ROUTES
+    recording = None
+    if tracked and request.method == "POST":
+        recording = begin_http(request, model=name, requested=name, req_path=path)
+    if target.peer is not None:
+        peer = server.config.peers[target.peer]
+        # The body goes as the client sent it: no model rewrite, no filters (unlike the inference routes).
+        work = forward_to_peer(request, peer, path=target.path, body=body, recording=recording)
+    else:
+        work = _to_model(request, target.model, target.path, body, priority, recording)
+    return await served(request, work, model=name if tracked else None, path=path, recording=recording)
 
 
 def _refuse_while_down(request: web.Request, model_id: str, path: str) -> web.Response | None:
@@ -212,13 +204,10 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str)
         return error_response(request, 400, exc.message)
     key = request_api_key(request)
     try:
-        async with contextlib.AsyncExitStack() as stack:
-            asking = AcquireOptions(priority=priority, api_key=key.key if key is not None else None)
-            lease_of = proxy.dispatcher(server).lease(target.model, asking, origin="http")
-            waiting = stack.enter_async_context(lease_of)
-            lease = await proxy.while_connected(request, waiting, on_gone=lambda: None)
-            if lease is None:
-                return web.Response(status=CLIENT_GONE)
+        cancel_on_hangup(request)  # a client that hangs up while its request waits leaves the queue
+        asking = AcquireOptions(priority=priority, api_key=key.key if key is not None else None)
+        async with proxy.dispatcher(server).lease(target.model, asking, origin="http") as lease:
+            keep_on_hangup(request)  # the relay passes a client's close on to the upstream itself
             # The grant's config, not the one read above: a reload may have changed the model meanwhile.
             url = proxy.upstream_url(lease.config.proxy, target.path, query)
             session = pool.websocket_session(target.model, lease.config.timeouts)
@@ -234,14 +223,9 @@ async def _to_model(
     server = state(request)
     key = request_api_key(request)
     try:
-        async with contextlib.AsyncExitStack() as stack:
-            asking = AcquireOptions(priority=priority, api_key=key.key if key is not None else None)
-            lease_of = proxy.dispatcher(server).lease(model_id, asking, origin="http")
-            waiting = stack.enter_async_context(lease_of)
-            # A client that hangs up while its request waits leaves the queue.
-            lease = await proxy.while_connected(request, waiting, on_gone=lambda: None)
-            if lease is None:
-                return web.Response(status=CLIENT_GONE)
+        # A client that hangs up while its request waits cancels the handler: it leaves the queue.
+        asking = AcquireOptions(priority=priority, api_key=key.key if key is not None else None)
+        async with proxy.dispatcher(server).lease(model_id, asking, origin="http") as lease:
             if recording is not None:
                 recording.waited(lease.waited)
             return await proxy.forward(

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from llmswap.config.origins import parse_origin_pattern
 from llmswap.process.state import ProcessState
-from llmswap.server.middleware import REQUEST_OBSERVERS, AccessRecord
+from llmswap.server.middleware import REQUEST_OBSERVERS, Answered
 from tests.e2e.test_ui_chromium import CHROMIUM, WITHIN, DevTools, chromium
 from tests.helpers.models import demo_config, exclusive_config
 from tests.helpers.wait import eventually
@@ -80,8 +80,8 @@ def watch_statuses(served: Served) -> list[tuple[str, str, int]]:
     """(method, path, status) of every request llmswap answered from now on."""
     seen: list[tuple[str, str, int]] = []
 
-    def observe(request: web.Request, record: AccessRecord, status: int, seconds: float) -> None:
-        seen.append((request.method, request.path, status))
+    def observe(answered: Answered) -> None:
+        seen.append((answered.method, answered.path, answered.status))
 
     served.app[REQUEST_OBSERVERS].append(observe)
     return seen

@@ -3,11 +3,14 @@ and answers once it is ready, or with the reason it could not start."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import aiohttp
 
 from llmswap.process.state import ProcessState
 from tests.helpers.models import demo_config, exclusive_config
-from tests.integration.server.conftest import ServeConfig
+from tests.integration.server.conftest import ServeConfig, until
 
 
 async def test_loading_by_alias_answers_once_the_model_is_ready(
@@ -53,3 +56,20 @@ async def test_loading_an_unknown_model_is_404(serve_config: ServeConfig, http: 
         error = (await response.json())["error"]
     assert error["message"].startswith("model not found") and "nope" in error["message"]
     assert served.router.processes["m"].state is ProcessState.STOPPED
+
+
+async def test_a_load_whose_client_leaves_while_the_model_starts_leaves_the_queue(
+    serve_config: ServeConfig,
+) -> None:
+    served = await serve_config(exclusive_config(demo_config("m", "--startup-delay", "30")))
+
+    def waiting() -> int:
+        return served.router.snapshot().waiting.get("m", 0)
+
+    async with aiohttp.ClientSession() as client:
+        load = asyncio.create_task(client.post(served.at("/api/models/load/m")))
+        await until(lambda: waiting() == 1, what="the load waiting for the model")
+        load.cancel()  # the client hangs up
+        with contextlib.suppress(asyncio.CancelledError):
+            await load
+    await until(lambda: waiting() == 0, what="the abandoned load leaving the queue")

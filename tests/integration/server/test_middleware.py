@@ -10,9 +10,13 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 from aiohttp import web
+from multidict import CIMultiDict
 
+from llmswap.config.model import ApiKey, Config
 from llmswap.process.state import ProcessState
-from llmswap.server import middleware
+from llmswap.router import build_router
+from llmswap.server import guard, middleware
+from llmswap.server.state import STATE, ServerState
 from tests.helpers.models import demo_config, exclusive_config
 from tests.helpers.wait import eventually
 
@@ -65,7 +69,7 @@ async def test_body_over_the_limit_is_413_in_the_envelope(serve_config, http):
     assert served.router.processes["m"].state is ProcessState.STOPPED
 
 
-# A bare application with the same middlewares, for routes the real app does not have: one that fails.
+# A bare application with the same middleware, for routes the real app does not have: one that fails.
 
 
 async def broken(request: web.Request) -> web.Response:
@@ -100,12 +104,20 @@ async def moves(request: web.Request) -> web.Response:
     raise web.HTTPFound("/elsewhere")
 
 
+async def doubled_cors(request: web.Request) -> web.Response:
+    headers = CIMultiDict([("Access-Control-Allow-Origin", "https://a.example"),
+                           ("Access-Control-Allow-Origin", "*")])
+    return web.Response(text="ok", headers=headers)
+
+
 @pytest.fixture
 async def bare_app() -> AsyncIterator[str]:
-    app = web.Application(middlewares=[middleware.access_log, middleware.errors],
-                          client_max_size=2048)
+    app = web.Application(middlewares=[middleware.gate], client_max_size=2048)
+    app[STATE] = ServerState(config=Config(), router=build_router(Config()))
     middleware.setup(app)
+    guard.setup(app)
     app.router.add_get("/broken", broken)
+    app.router.add_get("/doubled-cors", doubled_cors)
     app.router.add_get("/broken-mid-stream", broken_mid_stream)
     app.router.add_get("/refuses", refuses)
     app.router.add_get("/drip", drip)
@@ -173,3 +185,37 @@ async def test_a_client_leaving_mid_stream_is_not_an_error(bare_app, caplog):
     [line] = [r.getMessage() for r in caplog.records if r.name == "llmswap.access"]
     assert '"GET /drip" client gone' in line
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_observers_see_each_answer_by_route_pattern_model_and_status(serve_config, http):
+    served = await serve_config(exclusive_config(demo_config("m"), api_keys=(ApiKey("sk-right"),)))
+    seen: list[middleware.Answered] = []
+    served.app[middleware.REQUEST_OBSERVERS].append(seen.append)
+    right = {"Authorization": "Bearer sk-right"}
+    async with http.get(served.at("/upstream/m/health"), headers=right) as resp:
+        assert resp.status == 200
+    async with http.get(served.at("/upstream/m/health")) as resp:
+        assert resp.status == 401  # refused by auth, inside the same middleware: still reported
+    async with http.get(served.at("/nope"), headers={**right, "Host": "evil.example"}) as resp:
+        assert resp.status == 403  # refused by the guard before auth looked
+    async with http.get(served.at("/nope"), headers=right) as resp:
+        assert resp.status == 404
+
+    # Reported before the answer goes out: nothing to wait for.
+    assert [(a.method, a.path, a.route, a.model, a.status) for a in seen] == [
+        ("GET", "/upstream/m/health", "/upstream/{tail}", "m", 200),
+        ("GET", "/upstream/m/health", "/upstream/{tail}", "", 401),
+        ("GET", "/nope", "unmatched", "", 403),
+        ("GET", "/nope", "unmatched", "", 404),
+    ]
+    assert all(a.remote == HOST and a.seconds >= 0 for a in seen)
+
+
+async def test_a_route_listing_two_allowed_origins_sends_one_and_an_allowed_page_its_own(bare_app, http):
+    async with http.get(f"{bare_app}/doubled-cors") as resp:
+        # Clients reject a list: the first stays.
+        assert resp.headers.getall("Access-Control-Allow-Origin") == ["https://a.example"]
+    page = "http://localhost:5173"
+    async with http.get(f"{bare_app}/doubled-cors", headers={"Origin": page}) as resp:
+        assert resp.headers.getall("Access-Control-Allow-Origin") == [page]
+        assert resp.headers["Vary"] == "Origin"

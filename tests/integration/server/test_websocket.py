@@ -5,6 +5,7 @@ not counted at all with `compat.ignoreWebsockets`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from types import MappingProxyType
 
@@ -225,3 +226,19 @@ async def test_realtime_follows_profile_pins_and_selectors(serve_config, http):
     upgrade = {"Upgrade": "websocket", "Connection": "Upgrade"}
     async with http.get(served.at("/v1/realtime?model=chat"), headers=upgrade) as response:
         assert response.status == 404  # disabled by the active profile
+
+
+async def test_a_socket_whose_client_leaves_while_the_model_loads_leaves_the_queue(serve_config):
+    served = await serve_config(exclusive_config(demo_config("m", "--startup-delay", "30")))
+
+    def waiting() -> int:
+        return served.router.snapshot().waiting.get("m", 0)
+
+    async with aiohttp.ClientSession() as client:
+        upgrade = asyncio.create_task(client.ws_connect(served.at("/upstream/m/ws")))
+        await until(lambda: waiting() == 1, what="the upgrade waiting for the load")
+        upgrade.cancel()  # the client hangs up before its socket is relayed
+        with contextlib.suppress(asyncio.CancelledError):
+            await upgrade
+    await until(lambda: waiting() == 0, what="the abandoned upgrade leaving the queue")
+    assert in_flight(served, "m") == 0

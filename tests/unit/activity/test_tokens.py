@@ -149,3 +149,13 @@ def test_usage_is_found_by_its_key_and_not_inside_generated_text():
 
 def test_a_broken_usage_object_is_skipped():
     assert not read_json_answer(b'{"usage": {"prompt_tokens": 1,').found
+
+
+def test_usage_is_found_wherever_the_answer_puts_it_and_the_last_one_counts():
+    first = {"usage": {"prompt_tokens": 5, "completion_tokens": 2}, "choices": [{"text": "word " * 1000}]}
+    stats, _ = token_stats(read_json_answer(json.dumps(first).encode()), 1)
+    assert (stats.input_tokens, stats.output_tokens) == (5, 2)
+    nested_then_top = (b'{"choices": [{"usage": {"prompt_tokens": 1, "completion_tokens": 1}}], '
+                       b'"usage": {"prompt_tokens": 8, "completion_tokens": 4}}')
+    stats, _ = token_stats(read_json_answer(nested_then_top), 1)
+    assert (stats.input_tokens, stats.output_tokens) == (8, 4)

@@ -171,3 +171,19 @@ def test_header_names_that_are_not_tokens_are_not_echoed():
 ])
 def test_which_listen_addresses_are_loopback(host, loopback):
     assert is_loopback_listener(host) is loopback
+
+
+def test_a_host_verdict_remembered_for_one_config_does_not_decide_for_another():
+    # The Host check is worked out once per (Host, allowedHosts, listener): each part must count.
+    assert verdict(Host="llm.example:8080").refused
+    assert not verdict(Host="llm.example:8080", settings=config(hosts=("llm.example",))).refused
+    assert verdict(Host="llm.example:8080").refused
+    assert not verdict(Host="llm.example:8080", loopback=False).refused
+    assert verdict(Host="other.example", loopback=False, settings=config(hosts=("llm.example",))).refused
+
+
+def test_a_cross_site_request_is_refused_unless_any_origin_is_allowed():
+    assert verdict("POST", "/unload", Sec_Fetch_Site="cross-site").refused
+    assert not verdict("POST", "/unload", Sec_Fetch_Site="same-origin").refused
+    anyone = config(origins=("*",))
+    assert not verdict("POST", "/unload", Sec_Fetch_Site=" Cross-Site ", settings=anyone).refused

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -16,6 +18,7 @@ from llmswap.server.logsetup import (
     UPSTREAM_LOGGER,
     ProxyFormatter,
     configure_logging,
+    emit_line,
     format_timestamp,
 )
 
@@ -122,3 +125,106 @@ def test_configuring_again_replaces_the_handlers() -> None:
     assert first.getvalue() == ""
     assert second.getvalue().splitlines() == ["[INFO] swap done", "[DEBUG] detail"]
     assert ring.history() == ["[INFO] swap done", "[DEBUG] detail"]
+
+
+@pytest.mark.usefixtures("restore_loggers")
+def test_a_line_emitted_without_the_caller_lookup_reaches_the_same_places_looking_the_same() -> None:
+    out = io.StringIO()
+    ring = LogRing("proxy")
+    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=out)
+    access = logging.getLogger("llmswap.access")
+    access.info("%s", "via logging")
+    emit_line(access, logging.INFO, "via emit_line")
+    emit_line(access, logging.DEBUG, "below the level")
+    assert out.getvalue().splitlines() == ["[INFO] via logging", "[INFO] via emit_line"]
+    assert ring.history() == ["[INFO] via logging", "[INFO] via emit_line"]
+
+
+def test_a_line_record_carries_what_a_logged_one_does_with_its_own_time_and_message() -> None:
+    logger = logging.getLogger("llmswap.access")
+    kept: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = kept.append  # type: ignore[method-assign]
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        emit_line(logger, logging.INFO, "first")
+        before = time.time()
+        emit_line(logger, logging.INFO, "second")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    first, second = kept
+    assert (first.getMessage(), second.getMessage()) == ("first", "second")
+    assert second.created >= before and second.relativeCreated >= first.relativeCreated
+    assert second.name == "llmswap.access" and second.levelname == "INFO" and second.exc_info is None
+    made = logging.LogRecord("llmswap.access", logging.INFO, "x.py", 0, "second", None, None)
+    assert set(vars(second)) - {"message"} == set(vars(made))  # "message": set by a formatter on the way
+    assert (second.thread, second.threadName, second.process) == (made.thread, made.threadName, made.process)
+
+
+class CountingStream(io.StringIO):
+    """Counts the writes that reach it: each is a system call on a real, unbuffered stdout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+@pytest.mark.usefixtures("restore_loggers")
+def test_lines_logged_in_one_pass_of_the_loop_reach_stdout_in_one_write() -> None:
+    out = CountingStream()
+    ring = LogRing("proxy")
+    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=out)
+    access = logging.getLogger("llmswap.access")
+
+    async def burst() -> tuple[str, int]:
+        for number in range(5):
+            emit_line(access, logging.INFO, f"request {number}")
+        held = out.getvalue(), out.writes  # nothing written while the pass runs
+        await asyncio.sleep(0)  # the pass ends: the held lines go out
+        return held
+
+    held, writes_during = asyncio.run(burst())
+    assert (held, writes_during) == ("", 0)
+    assert out.writes == 1
+    assert out.getvalue().splitlines() == [f"[INFO] request {n}" for n in range(5)]
+    assert ring.history() == [f"[INFO] request {n}" for n in range(5)]  # the ring is not held back
+
+
+@pytest.mark.usefixtures("restore_loggers")
+def test_lines_off_the_loop_are_written_at_once_and_held_lines_survive_a_stopped_loop() -> None:
+    out = CountingStream()
+    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=LogRing("proxy"), stream=out)
+    proxy = logging.getLogger("llmswap")
+    proxy.info("before the loop")
+    assert out.getvalue() == "[INFO] before the loop\n"
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(asyncio.sleep(0))
+    # A line logged in the loop's very last step: the loop stops before its pass ends.
+    loop.call_soon(lambda: (proxy.info("last words"), loop.stop()))
+    loop.run_forever()
+    loop.close()
+    proxy.info("after the loop")  # off the loop: what was held goes first, in order
+    expected = ["[INFO] before the loop", "[INFO] last words", "[INFO] after the loop"]
+    assert out.getvalue().splitlines() == expected
+
+
+@pytest.mark.usefixtures("restore_loggers")
+def test_configuring_again_writes_out_the_lines_the_old_handler_held() -> None:
+    first, second = io.StringIO(), io.StringIO()
+    ring = LogRing("proxy")
+    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=first)
+
+    async def log_then_reload() -> None:
+        logging.getLogger("llmswap").info("held")
+        configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=second)
+
+    asyncio.run(log_then_reload())
+    assert first.getvalue() == "[INFO] held\n" and second.getvalue() == ""

@@ -1,9 +1,17 @@
-"""Access-log lines (no event loop). CORS preflight answers are tested in test_guard.py."""
+"""Access-log lines and the report every front makes of an answered request (no event loop). CORS
+preflight answers are tested in test_guard.py."""
+
+import logging
+from collections.abc import Iterator
+
+import pytest
 
 from llmswap.server.middleware import (
     CLIENT_GONE,
     AccessRecord,
+    Answered,
     access_line,
+    report,
     too_large_message,
 )
 
@@ -38,3 +46,55 @@ def test_access_line_of_a_request_refused_before_its_first_byte_has_no_ttfb():
     record = AccessRecord(model="qwen", waited=0.25)
     line = access_line("::1", "POST", "/v1/chat/completions", 504, 1.0, "qwen", record)
     assert line.endswith(" model=qwen queue=250.0ms load=0.0ms")
+
+
+def answered(**fields) -> Answered:
+    defaults = dict(method="POST", path="/v1/chat/completions", route="/v1/chat/completions", remote="::1",
+                    model="qwen", status=200, seconds=0.5)
+    return Answered(**{**defaults, **fields})
+
+
+@pytest.fixture
+def access_records() -> Iterator[list[logging.LogRecord]]:
+    """What reaches the access logger's handlers, with its level restored afterwards."""
+    logger = logging.getLogger("llmswap.access")
+    kept: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = kept.append  # type: ignore[method-assign]
+    level = logger.level
+    logger.addHandler(handler)
+    yield kept
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_report_writes_the_access_line_and_tells_every_observer(access_records):
+    seen: list[Answered] = []
+    logging.getLogger("llmswap.access").setLevel(logging.INFO)
+    report(answered(waited=0.25), [seen.append])
+    [record] = access_records
+    assert record.name == "llmswap.access" and record.levelno == logging.INFO
+    assert record.getMessage() == ('::1 "POST /v1/chat/completions" 200 500.0ms model=qwen '
+                                   'queue=250.0ms load=0.0ms')
+    assert seen == [answered(waited=0.25)]
+
+
+def test_report_with_the_access_log_off_writes_nothing_but_still_tells_the_observers(access_records):
+    seen: list[Answered] = []
+    logging.getLogger("llmswap.access").setLevel(logging.WARNING)
+    report(answered(status=CLIENT_GONE), [seen.append])
+    assert access_records == []
+    assert [a.status for a in seen] == [CLIENT_GONE]
+
+
+def test_a_failing_observer_does_not_keep_the_others_from_being_told(access_records, caplog):
+    seen: list[Answered] = []
+
+    def broken(_: Answered) -> None:
+        raise RuntimeError("observer bug")
+
+    with caplog.at_level(logging.ERROR, logger="llmswap.server"):
+        report(answered(), [broken, seen.append])
+    assert len(seen) == 1
+    failures = [r.getMessage() for r in caplog.records if r.name == "llmswap.server"]
+    assert failures == ["request observer failed for POST /v1/chat/completions"]
