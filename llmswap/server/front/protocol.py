@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import httptools
 from aiohttp import web
 
-from llmswap.server.front.request import FastPlan, FrontRequest, RouteMatch, fast_plan, header_multidict
+from llmswap.server.front.request import FastPlan, FrontRequest, fast_plan, header_multidict
 from llmswap.server.inference import InferenceRoute
 
 log = logging.getLogger("llmswap.server")
@@ -40,7 +40,7 @@ class Front(Protocol):
     """What the connections of one listener share (`llmswap.server.front.site.Front`)."""
 
     app: web.Application
-    routes: Mapping[str, tuple[InferenceRoute, RouteMatch]]
+    routes: Mapping[str, InferenceRoute]
 
     def header_timeout(self) -> float: ...
 
@@ -192,9 +192,9 @@ class FrontConnection(asyncio.Protocol):
             return
         self._next_start = message.start + message.head_length + len(message.body)
         path = message.route_path
-        route, match = self.front.routes[path]
+        route = self.front.routes[path]
         request = FrontRequest("POST", path, header_multidict(message.headers), self.remote, self.front.app,
-                               self.transport, match, self._parser.should_keep_alive())
+                               self.transport, self._parser.should_keep_alive())
         plan = fast_plan(request, route, message.body)
         if plan is None:
             self._hand_over_at = message.start

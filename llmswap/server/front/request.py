@@ -36,14 +36,6 @@ from llmswap.server.state import API_KEY, STATE, ServerState
 EMPTY_QUERY: MultiDictProxy[str] = MultiDictProxy(MultiDict())
 
 
-@dataclass(frozen=True)
-class RouteMatch:
-    """What `request.match_info` offers the request observers: the aiohttp route the path belongs to
-    (metrics label a request by its route's pattern)."""
-
-    route: web.AbstractRoute | None
-
-
 class FrontRequest(dict[Any, Any]):
     """One request the front read, as the owners' helpers see it. The mapping holds what they keep per
     request under their keys (the access record, the in-flight entry, the API key)."""
@@ -52,7 +44,6 @@ class FrontRequest(dict[Any, Any]):
         "app",
         "headers",
         "keep_alive",
-        "match_info",
         "method",
         "path",
         "remote",
@@ -61,7 +52,7 @@ class FrontRequest(dict[Any, Any]):
     )
 
     def __init__(self, method: str, path: str, headers: CIMultiDictProxy[str], remote: str | None,
-                 app: web.Application, transport: Any, match_info: RouteMatch, keep_alive: bool) -> None:
+                 app: web.Application, transport: Any, keep_alive: bool) -> None:
         super().__init__()
         self.method = method
         self.path = path
@@ -69,7 +60,6 @@ class FrontRequest(dict[Any, Any]):
         self.remote = remote
         self.app = app
         self.transport = transport
-        self.match_info = match_info
         self.started = time.monotonic()
         self.keep_alive = keep_alive
 
@@ -161,14 +151,6 @@ def header_multidict(pairs: list[tuple[bytes, bytes]]) -> CIMultiDictProxy[str]:
     return CIMultiDictProxy(headers)
 
 
-def route_table(app: web.Application, routes: tuple[InferenceRoute, ...]) -> Mapping[str, tuple[
-        InferenceRoute, RouteMatch]]:
-    """The POST inference routes by path, each with the aiohttp route that serves it on the other path."""
-    registered: dict[str, web.AbstractRoute] = {}
-    for route in app.router.routes():
-        info = route.resource.get_info() if route.resource is not None else {}
-        path = info.get("path")
-        if route.method == "POST" and isinstance(path, str):
-            registered[path] = route
-    return {route.path: (route, RouteMatch(registered.get(route.path)))
-            for route in routes if route.method == "POST"}
+def route_table(routes: tuple[InferenceRoute, ...]) -> Mapping[str, InferenceRoute]:
+    """The POST inference routes, by the path clients call."""
+    return {route.path: route for route in routes if route.method == "POST"}

@@ -1,12 +1,12 @@
-"""Serving one fast request: what the aiohttp route and its middlewares do for it, by the same owners.
+"""Serving one fast request: what the aiohttp route and its middleware do for it, by the same owners.
 
-The access record and the access-log line with the request observers (`middleware`), the activity
-recording (`activity_api.begin_http`/`recorded`), the in-flight entry and its cancel (`inflight`,
-`cancel`), the model's lease from the dispatcher (the scheduler counts it in flight; `concurrencyLimit`,
-queueing, deadlines and admission errors are the router's, answered by `scheduler_error_response`), the
-context the upstream reports (`guardrails`), then `relay`. A client that hangs up cancels the task
-running this (`FrontConnection.connection_lost`): the request leaves the queue, or its upstream request
-is closed, and the access log says `client gone`.
+The access record, the access line and the request observers (`middleware.report`, an `Answered`), the
+activity recording (`activity_api.begin_http`/`finish_http`), the in-flight entry and its cancel
+(`inflight`, `cancel`), the model's lease from the dispatcher (the scheduler counts it in flight;
+`concurrencyLimit`, queueing, deadlines and admission errors are the router's, answered by
+`scheduler_error_response`), the context the upstream reports (`guardrails`), then `relay`. A client that
+hangs up cancels the task running this (`FrontConnection.connection_lost`): the request leaves the queue,
+or its upstream request is closed, and the access log says `client gone`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
 
 from aiohttp import web
 
@@ -22,24 +21,24 @@ from llmswap.activity.recording import Recording
 from llmswap.router import AcquireOptions
 from llmswap.scheduler.errors import Preempted, SchedulerError
 from llmswap.server import guardrails
-from llmswap.server.activity_api import begin_http, recorded
+from llmswap.server.activity_api import begin_http, finish_http
 from llmswap.server.cancel import CANCELLED_STATUS, cancelled_message
 from llmswap.server.errors import error_response, scheduler_error_response
 from llmswap.server.front.relay import Connection, relay
 from llmswap.server.front.request import FastPlan, FrontRequest
 from llmswap.server.front.wire import send_whole
-from llmswap.server.inflight import InflightEntry, tracker_of
+from llmswap.server.inflight import tracker_of
 from llmswap.server.middleware import (
     ACCESS,
     CLIENT_GONE,
     REQUEST_OBSERVERS,
     AccessRecord,
-    access_line,
-    access_logger,
+    Answered,
     answering,
     note_load,
     note_model,
     note_wait,
+    report,
 )
 from llmswap.server.proxy import CLIENT_CLOSED_REQUEST, dispatcher
 from llmswap.server.state import STATE
@@ -69,43 +68,42 @@ async def serve_fast(conn: Connection, request: FrontRequest, plan: FastPlan) ->
             except ConnectionError:
                 conn.cut()
     finally:
-        elapsed = time.monotonic() - record.started
-        access_logger.info("%s", access_line(request.remote, request.method, request.path, status, elapsed,
-                                             record.model, record))
-        for observe in request.app.get(REQUEST_OBSERVERS, ()):
-            try:
-                observe(request, record, status, elapsed)  # type: ignore[arg-type]
-            except Exception:
-                log.exception("request observer failed for %s %s", request.method, request.path)
+        # The route's pattern is its path: every fast route is a plain one.
+        report(Answered(request.method, request.path, plan.route.path, request.remote, record.model, status,
+                        time.monotonic() - record.started, record.waited, record.load, record.first_byte),
+               request.app.get(REQUEST_OBSERVERS, ()))
 
 
 async def _serve(conn: Connection, request: FrontRequest, plan: FastPlan) -> web.StreamResponse:
+    """One frame for the request in flight, as `cancel.served` is on the aiohttp path: its in-flight entry,
+    a cancel of that entry turned into a clean end, its recording finished with what was answered."""
     model = plan.model
     note_model(request, model.id)  # type: ignore[arg-type]
     recording = begin_http(request, model=model.id, requested=plan.requested,  # type: ignore[arg-type]
                            req_path=plan.route.upstream_path)
-    with tracker_of(request.app[STATE]).track(request, model.id) as entry:  # type: ignore[arg-type]
-        work = _leased(conn, request, plan, recording)
-        return await recorded(recording, _cancellable(conn, request, entry, work, recording))
-
-
-async def _cancellable(conn: Connection, request: FrontRequest, entry: InflightEntry,
-                       work: Awaitable[web.StreamResponse], recording: Recording) -> web.StreamResponse:
-    """`work`, with a cancel through /api/inflight turned into a clean end, as `cancel.cancellable` does."""
+    task = asyncio.current_task()
+    tracker = tracker_of(request.app[STATE])
+    entry = tracker.open(request, model.id, None, task)  # type: ignore[arg-type]
+    response: web.StreamResponse | None = None
     try:
-        return await work
+        response = await _leased(conn, request, plan, recording)
+        return response
     except asyncio.CancelledError:
-        task = asyncio.current_task()
         if not entry.cancelled or conn.gone or task is None:
-            raise
+            raise  # the client left, or the server is stopping
         task.uncancel()
         message = cancelled_message(entry.id)
         log.info("%s %s: %s", request.method, request.path, message)
         recording.fail(CANCELLED_STATUS, message)
         if answering(request):  # type: ignore[arg-type]
-            conn.cut()
-            return web.Response(status=CANCELLED_STATUS)
-        return await send_whole(request, error_response(request, CANCELLED_STATUS, message), conn)  # type: ignore[arg-type]
+            conn.cut()  # never a complete-looking truncated body
+            response = web.Response(status=CANCELLED_STATUS)
+        else:
+            response = await send_whole(request, error_response(request, CANCELLED_STATUS, message), conn)  # type: ignore[arg-type]
+        return response
+    finally:
+        tracker.close(entry)
+        finish_http(recording, response)
 
 
 async def _leased(conn: Connection, request: FrontRequest, plan: FastPlan, recording: Recording

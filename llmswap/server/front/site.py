@@ -18,7 +18,7 @@ from aiohttp import web
 
 from llmswap.server.connections import Runner
 from llmswap.server.front.protocol import FrontConnection
-from llmswap.server.front.request import FastPlan, FrontRequest, RouteMatch, route_table
+from llmswap.server.front.request import FastPlan, FrontRequest, route_table
 from llmswap.server.front.serve import serve_fast
 from llmswap.server.inference import ROUTES, InferenceRoute
 
@@ -29,7 +29,7 @@ class Front:
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self.app = runner.app
-        self.routes: Mapping[str, tuple[InferenceRoute, RouteMatch]] = route_table(runner.app, ROUTES)
+        self.routes: Mapping[str, InferenceRoute] = route_table(ROUTES)
 
     def header_timeout(self) -> float:
         return self.runner.header_timeout()

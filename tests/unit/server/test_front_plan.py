@@ -14,7 +14,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from llmswap.config.model import ApiKey, Config
 from llmswap.router import build_router
 from llmswap.server import guardrails
-from llmswap.server.front.request import FastPlan, FrontRequest, RouteMatch, fast_plan
+from llmswap.server.front.request import FastPlan, FrontRequest, fast_plan
 from llmswap.server.inference import ROUTES
 from llmswap.server.state import API_KEY, STATE, ServerState
 from tests.helpers.models import demo_config, exclusive_config
@@ -33,7 +33,7 @@ def app_for(config: Config, *, loopback_listener: bool = False) -> web.Applicati
 def plan(app: web.Application, document: Any, **headers: str) -> tuple[FastPlan | None, FrontRequest]:
     sent = CIMultiDict({"Host": "localhost", "Content-Type": "application/json", **headers})
     request = FrontRequest("POST", CHAT_ROUTE.path, CIMultiDictProxy(sent), "127.0.0.1", app, None,
-                           RouteMatch(None), keep_alive=True)
+                           keep_alive=True)
     return fast_plan(request, CHAT_ROUTE, bytearray(json.dumps(document).encode())), request
 
 
