@@ -103,14 +103,21 @@ def without_credentials(headers: Mapping[str, str]) -> CIMultiDict[str]:
     return kept
 
 
+def presented_key(
+    headers: Mapping[str, str], keys: Sequence[ApiKey]
+) -> tuple[Credential | None, ApiKey | None]:
+    """The credential the request presents (None: none) and the configured key it matches (None: none)."""
+    presented = credential(headers)
+    return presented, find_key(presented.value, keys) if presented is not None else None
+
+
 def admit(request: web.Request, keys: Sequence[ApiKey]) -> web.Request | web.Response:
     """The request to serve, or the 401 answer in its place. With `keys` configured and a closed route,
     the request served is a clone without its credentials (so they never reach an upstream), carrying
     the matching key under `API_KEY`; otherwise it is `request` itself."""
     if not keys or is_open(request.method, request.path):
         return request
-    presented = credential(request.headers)
-    key = find_key(presented.value, keys) if presented is not None else None
+    presented, key = presented_key(request.headers, keys)
     if key is None:
         why = "no API key" if presented is None else f"the {presented.source} key matches no apiKeys entry"
         log.warning("auth: refused %s %s from %s: %s",

@@ -128,7 +128,8 @@ def outgoing_headers(
     return headers
 
 
-def _relayed_headers(upstream: UpstreamResponse) -> CIMultiDict[str]:
+def relayed_headers(upstream: UpstreamResponse) -> CIMultiDict[str]:
+    """The upstream's response headers to pass on: all but hop-by-hop ones and those its Connection names."""
     listed = {
         token.strip().lower()
         for value in upstream.headers.getall(hdrs.CONNECTION, ())
@@ -223,7 +224,7 @@ async def forward(
                 return response
         else:
             response = web.StreamResponse(status=answer.status, reason=answer.reason)
-            response.headers.extend(_relayed_headers(answer))
+            response.headers.extend(relayed_headers(answer))
             if is_event_stream(answer.headers.get(hdrs.CONTENT_TYPE, "")):
                 response.headers["X-Accel-Buffering"] = "no"
             await response.prepare(request)

@@ -22,7 +22,7 @@ from llmswap.server.front.wire import BodyWriter, Wire, prepared_head, send_whol
 from llmswap.server.inflight import note_relayed
 from llmswap.server.loading import dialect_for
 from llmswap.server.middleware import note_answering
-from llmswap.server.proxy import _relayed_headers, describe, is_event_stream, outgoing_headers, upstream_url
+from llmswap.server.proxy import describe, is_event_stream, outgoing_headers, relayed_headers, upstream_url
 from llmswap.server.watchdog import Watchdog, WatchdogExpired
 
 log = logging.getLogger("llmswap.proxy")
@@ -62,7 +62,7 @@ async def relay(conn: Connection, request: FrontRequest, plan: FastPlan, lease: 
     recording.response_headers(upstream.status, upstream.headers)
     try:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        response.headers.extend(_relayed_headers(upstream))
+        response.headers.extend(relayed_headers(upstream))
         if is_event_stream(upstream.headers.get(hdrs.CONTENT_TYPE, "")):
             response.headers["X-Accel-Buffering"] = "no"
         head, chunked = await prepared_head(request, response, conn)

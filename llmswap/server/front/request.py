@@ -135,8 +135,7 @@ def _admitted_key(request: FrontRequest, config: Config) -> ApiKey | None:
     from the headers that go on), or None when keys are off or it presents none that matches."""
     if not config.api_keys or auth.is_open(request.method, request.path):
         return None
-    presented = auth.credential(request.headers)
-    key = auth.find_key(presented.value, config.api_keys) if presented is not None else None
+    _, key = auth.presented_key(request.headers, config.api_keys)
     if key is not None:
         request.headers = CIMultiDictProxy(auth.without_credentials(request.headers))
         request[API_KEY] = key
