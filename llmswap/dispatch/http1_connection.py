@@ -66,8 +66,7 @@ class Connection(asyncio.Protocol):
     # ---------------------------------------------------------------- transport events
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # a stream transport (uvloop's is no subclass)
 
     def data_received(self, data: bytes) -> None:
         if not self.busy:  # bytes nobody asked for: this connection can no longer be trusted

@@ -115,6 +115,23 @@ async def test_a_sized_answer_is_read_and_its_connection_reused_with_tcp_keep_al
         assert (second.reused, second.handed_over) == (True, True)
 
 
+def test_keep_alive_reuse_works_on_uvloop_whose_transports_are_no_asyncio_subclass() -> None:
+    # `llmswap --event-loop uvloop` (or auto): uvloop's TCP transport is not an asyncio.Transport
+    # subclass. An isinstance check once refused every connection, so each request failed and no
+    # connection was reused.
+    uvloop = pytest.importorskip("uvloop")
+
+    async def exchange() -> int:
+        async with scripted(answer_each) as up:
+            pool = Upstream(Timeouts())
+            for _ in range(3):
+                async with await send(pool, "POST", url(up), {}, b"{}", 5.0) as answer:
+                    assert await answer.read() == b"hello"
+            return up.connections
+
+    assert uvloop.run(exchange()) == 1
+
+
 async def test_a_chunked_answer_is_handed_over_chunk_by_chunk_as_it_arrives() -> None:
     go_on = asyncio.Event()
 
