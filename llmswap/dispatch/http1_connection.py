@@ -119,10 +119,10 @@ class Connection(asyncio.Protocol):
             self.informational = True  # llhttp goes on to parse the final answer after it
             return
         self.status = status
-        headers: CIMultiDict[str] = CIMultiDict(
+        headers: CIMultiDict[str] = CIMultiDict([
             (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
             for name, value in self.raw_headers
-        )
+        ])
         self.headers = CIMultiDictProxy(headers)
         framed = "content-length" in headers or "chunked" in headers.get("transfer-encoding", "").lower()
         self.until_close = not framed and status not in (204, 304)

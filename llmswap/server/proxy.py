@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Collection, Mapping
 
 from aiohttp import hdrs, web
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from llmswap.activity.recording import Recording
@@ -107,19 +107,18 @@ def outgoing_headers(
     """The client's headers minus the hop-by-hop ones (and those its Connection header names) and
     `drop_headers`, plus the client's address in X-Forwarded-For, then `extra_headers` (which replace any
     header of the same name)."""
-    listed = {name.lower() for name in drop_headers} | {
-        token.strip().lower()
-        for value in request.headers.getall(hdrs.CONNECTION, ())
-        for token in value.split(",")
-    }
-    headers: CIMultiDict[str] = CIMultiDict()
+    listed = _connection_listed(request.headers)
+    if drop_headers:
+        listed |= {name.lower() for name in drop_headers}
+    kept = []
     for name, value in request.headers.items():
         lower = name.lower()
         if lower in HOP_BY_HOP or lower in listed or lower in _REQUEST_ONLY_LOCAL:
             continue
         if lower == "content-encoding" and value.strip().lower() in DECODED_REQUEST_ENCODINGS:
             continue
-        headers.add(name, value)
+        kept.append((name, value))
+    headers: CIMultiDict[str] = CIMultiDict(kept)
     if request.remote:
         prior = ", ".join(headers.popall("X-Forwarded-For", ()))
         headers["X-Forwarded-For"] = f"{prior}, {request.remote}" if prior else request.remote
@@ -130,18 +129,20 @@ def outgoing_headers(
 
 def relayed_headers(upstream: UpstreamResponse) -> CIMultiDict[str]:
     """The upstream's response headers to pass on: all but hop-by-hop ones and those its Connection names."""
-    listed = {
-        token.strip().lower()
-        for value in upstream.headers.getall(hdrs.CONNECTION, ())
-        for token in value.split(",")
-    }
-    headers: CIMultiDict[str] = CIMultiDict()
-    for name, value in upstream.headers.items():
-        lower = name.lower()
-        if lower in HOP_BY_HOP or lower in listed:
-            continue
-        headers.add(name, value)
-    return headers
+    listed = _connection_listed(upstream.headers)
+    return CIMultiDict([(name, value) for name, value in upstream.headers.items()
+                        if name.lower() not in HOP_BY_HOP and name.lower() not in listed])
+
+
+_NOTHING_LISTED: frozenset[str] = frozenset()
+
+
+def _connection_listed(headers: CIMultiDictProxy[str]) -> frozenset[str]:
+    """The header names a message's Connection header lists (hop-by-hop for that message)."""
+    values = headers.getall(hdrs.CONNECTION, ())
+    if not values:
+        return _NOTHING_LISTED
+    return frozenset(token.strip().lower() for value in values for token in value.split(","))
 
 
 def is_event_stream(content_type: str) -> bool:
