@@ -86,7 +86,7 @@ class UpstreamResponse:
                 raise connection.error
             if connection.done:
                 return b""
-            connection.waiter = asyncio.get_running_loop().create_future()
+            connection.waiter = connection.loop.create_future()
             await connection.waiter
         return connection.take()
 
@@ -221,7 +221,7 @@ class Upstream:
         if self._closed or len(idle) >= MAX_IDLE_PER_ORIGIN:
             connection.abort()
             return
-        loop = asyncio.get_running_loop()
+        loop = connection.loop
         connection.idle_since = loop.time()
         idle.append(connection)
         if self.timeouts.idle_conn > 0 and self._sweep is None:

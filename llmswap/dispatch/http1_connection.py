@@ -41,6 +41,8 @@ class Connection(asyncio.Protocol):
         self.origin = origin
         self.on_lost = on_lost
         self.transport: asyncio.Transport | None = None
+        # The loop, read once: asyncio.get_running_loop() asks the OS for the process id on every call.
+        self.loop = asyncio.get_running_loop()
         self.parser = httptools.HttpResponseParser(self)
         self.served = 0  # answers completed on it
         self.lost = False
@@ -170,7 +172,7 @@ class Connection(asyncio.Protocol):
         self.done = False
         self.keep_alive = False
         self.error = None
-        self.head = asyncio.get_running_loop().create_future()
+        self.head = self.loop.create_future()
         return self.head
 
     def take(self) -> bytes:

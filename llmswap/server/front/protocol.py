@@ -68,6 +68,8 @@ class FrontConnection(asyncio.Protocol):
     def __init__(self, front: Front) -> None:
         self.front = front
         self.transport: asyncio.Transport | None = None
+        # The loop, read once: asyncio.get_running_loop() asks the OS for the process id on every call.
+        self.loop = asyncio.get_running_loop()
         self.remote: str | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._buffer = bytearray()
@@ -144,7 +146,7 @@ class FrontConnection(asyncio.Protocol):
         if self.gone:
             raise ConnectionResetError("the client closed the connection")
         if self._write_paused:
-            self._drained = asyncio.get_running_loop().create_future()
+            self._drained = self.loop.create_future()
             await self._drained
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -239,7 +241,7 @@ class FrontConnection(asyncio.Protocol):
             return
         if self._waiting:
             message, request, plan = self._waiting.popleft()
-            self.serving = asyncio.get_running_loop().create_task(self.front.serve(self, request, plan))
+            self.serving = self.loop.create_task(self.front.serve(self, request, plan))
             self.serving.add_done_callback(lambda _: self._answered(message))
         elif self._hand_over_at is not None:
             if self.closing:
@@ -305,7 +307,7 @@ class FrontConnection(asyncio.Protocol):
         timeout = self.front.header_timeout()
         if timeout <= 0:
             return
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         self._head_due = loop.time() + timeout
         self._head_timeout = timeout
         if self._head_timer is None:
@@ -325,7 +327,7 @@ class FrontConnection(asyncio.Protocol):
         due = self._head_due
         if due is None or self.gone:
             return
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         if loop.time() < due:
             self._head_timer = loop.call_at(due, self._head_overdue)
             return
