@@ -144,7 +144,11 @@ class Dispatcher:
         None when it must be waited for: nothing changed then, take `lease` instead. The caller releases
         the lease it got, exactly once (`HeldLease.release`); arguments as `lease`'s."""
         asked = self._clock()
-        granted = (router or self._router_of()).grant_now(model, options)
+        try:
+            granted = (router or self._router_of()).grant_now(model, options)
+        except BaseException as exc:  # a callback of `options` failed: the router released the grant
+            self._complete(model, origin, None, asked, exc)
+            raise
         return None if granted is None else self._hold(granted, origin, asked)
 
     @contextlib.asynccontextmanager
