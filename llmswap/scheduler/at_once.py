@@ -64,4 +64,4 @@ class GrantAtOnce(SchedulerBooks):
     def _may_skip_queue(self, model: str) -> bool:
         """Whether a request for `model` may be granted without the policy re-reading its queue: by default
         only while nothing is queued and nothing is preempted (batch re-reads both after every grant)."""
-        return not self._queued() and not self._preemption.models()
+        return not self._queued() and self._preemption.idle()
