@@ -3,7 +3,7 @@
 `RequestApi.grant_now` and `grant` hand one out; `acquire` wraps one. From the grant to `release` the request
 counts in flight twice: on the scheduler's books (`Scheduler.try_grant_now`/`on_request` put it there, its
 `ServeDone` takes it off) and on its process (the TTL holds: `request_started`/`request_ended`). `release`
-ends both, exactly once whoever calls it how often. A preemption (`Effects.preempt`) cancels the task that
+ends both, once: a second call changes nothing. A preemption (`Effects.preempt`) cancels the task that
 was serving the request when it was granted; `release` turns that cancellation into the `Preempted` its caller
 must raise instead (the task's cancel is consumed).
 """
