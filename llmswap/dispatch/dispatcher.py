@@ -3,7 +3,9 @@
 `Dispatcher.lease` acquires the model from the live router, hands the caller the pool's `Upstream` for it
 (its keep-alive connections, so the model's `timeouts` apply, and only they), releases the model when the
 caller is done and completes the request's `DispatchRecord`, the one place observers (metrics, activity)
-learn how it went.
+learn how it went. `Dispatcher.lease_now` is the same lease without an async context manager, when the model
+may serve at once (`HeldLease`, released by its caller; None: take `lease`); both end through
+`HeldLease.release`, the one owner of the record and of the router's end of the request.
 `Dispatcher.post_json` is the whole path for a JSON request that wants its whole answer (tasks, batches):
 the model's filters, the POST, the answer. HTTP routes stream through `llmswap.server.proxy.forward` on a
 lease instead.
@@ -28,7 +30,9 @@ from llmswap.config.model import ModelConfig
 from llmswap.dispatch.filters import apply_plan, local_plan
 from llmswap.dispatch.pool import Upstream, UpstreamPool, send
 from llmswap.router.base import BaseRouter
+from llmswap.router.grant import Grant
 from llmswap.router.types import NO_OPTIONS, AcquireOptions, ProcessLike
+from llmswap.scheduler.errors import Preempted
 
 log = logging.getLogger("llmswap.dispatch")
 
@@ -73,6 +77,36 @@ class UpstreamAnswer:
     text: str
 
 
+class HeldLease:
+    """A granted lease (`Dispatcher.lease_now`, or inside `Dispatcher.lease`) until its `release`.
+
+    `release` ends it exactly once (later calls change nothing): the router counts the request out (its
+    `ServeDone`), its process's TTL counts again, and the dispatcher completes its `DispatchRecord`."""
+
+    __slots__ = ("_asked", "_dispatcher", "_granted", "_origin", "lease")
+
+    def __init__(self, lease: Lease, granted: Grant, dispatcher: Dispatcher, origin: Origin,
+                 asked: float) -> None:
+        self.lease = lease
+        self._granted = granted
+        self._dispatcher = dispatcher
+        self._origin = origin
+        self._asked = asked
+
+    def release(self, error: BaseException | None = None) -> Preempted | None:
+        """The request ended; `error`: why, when it did not end normally (what the caller caught).
+
+        Returns `Preempted` when `error` is the cancellation a preemption caused: raise it instead of `error`
+        (the task is no longer cancelling). None otherwise: re-raise `error`, if any."""
+        granted = self._granted
+        if granted.released:
+            return None
+        preempted = granted.release(error)
+        self._dispatcher._complete(granted.model, self._origin, self.lease.waited, self._asked,
+                                   preempted or error)
+        return preempted
+
+
 class UpstreamUnreachable(Exception):
     """The upstream could not be reached, broke off, or sent no headers within `timeouts.responseHeader`."""
 
@@ -98,6 +132,25 @@ class Dispatcher:
         """Receive every completed `DispatchRecord` (on the event loop; must not block)."""
         self._observers.append(observer)
 
+    def lease_now(
+        self,
+        model: str,
+        options: AcquireOptions = NO_OPTIONS,
+        *,
+        origin: Origin,
+        router: BaseRouter | None = None,
+    ) -> HeldLease | None:
+        """`model`'s lease granted here and now (`BaseRouter.grant_now`: ready, free, nothing waiting), or
+        None when it must be waited for: nothing changed then, take `lease` instead. The caller releases
+        the lease it got, exactly once (`HeldLease.release`); arguments as `lease`'s."""
+        asked = self._clock()
+        try:
+            granted = (router or self._router_of()).grant_now(model, options)
+        except BaseException as exc:  # a callback of `options` failed: the router released the grant
+            self._complete(model, origin, None, asked, exc)
+            raise
+        return None if granted is None else self._hold(granted, origin, asked)
+
     @contextlib.asynccontextmanager
     async def lease(
         self,
@@ -112,19 +165,37 @@ class Dispatcher:
         `options` are `BaseRouter.acquire`'s; `router` is the one the caller read together with its config
         (default: the live one)."""
         asked = self._clock()
-        waited: float | None = None
-        error: str | None = None
         try:
-            async with (router or self._router_of()).acquire(model, options) as process:
-                waited = self._clock() - asked
-                yield Lease(process, self.pool.upstream(process.id, process.config.timeouts), waited)
+            granted = await (router or self._router_of()).grant(model, options)
         except BaseException as exc:
-            error = str(exc) or type(exc).__name__
+            self._complete(model, origin, None, asked, exc)
             raise
-        finally:
-            self._complete(DispatchRecord(model, origin, waited, self._clock() - asked, error))
+        held = self._hold(granted, origin, asked)
+        try:
+            yield held.lease
+        except BaseException as exc:
+            preempted = held.release(exc)
+            if preempted is not None:
+                raise preempted from None
+            raise
+        held.release()
 
-    def _complete(self, record: DispatchRecord) -> None:
+    def _hold(self, granted: Grant, origin: Origin, asked: float) -> HeldLease:
+        process = granted.process
+        try:
+            upstream = self.pool.upstream(process.id, process.config.timeouts)
+        except BaseException as exc:  # the pool is closed: the server is stopping
+            self._complete(granted.model, origin, self._clock() - asked, asked, granted.release(exc) or exc)
+            raise
+        return HeldLease(Lease(process, upstream, self._clock() - asked), granted, self, origin, asked)
+
+    def _complete(self, model: str, origin: Origin, waited: float | None, asked: float,
+                  error: BaseException | None) -> None:
+        """The request's `DispatchRecord` to every observer (built only when someone listens)."""
+        if not self._observers:
+            return
+        why = None if error is None else str(error) or type(error).__name__
+        record = DispatchRecord(model, origin, waited, self._clock() - asked, why)
         for observer in self._observers:
             try:
                 observer(record)

@@ -29,8 +29,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 
 from llmswap.config.model import ModelConfig
 from llmswap.process.child import Child, spawn_child
@@ -135,16 +134,15 @@ class Process:
             await asyncio.shield(run.done)
         self._state = ProcessState.SHUTDOWN
 
-    @contextmanager
-    def track_request(self) -> Iterator[None]:
-        """Hold the TTL while a request is in flight; it counts again from the moment the request ends."""
+    def request_started(self) -> None:
+        """A request is in flight: the TTL holds until its `request_ended` (exactly one per start)."""
         self._idle.request_started()
-        try:
-            yield
-        finally:
-            self._idle.request_finished(self._clock())
-            if self._run is not None and self._idle.ttl > 0:
-                self._run.wake.set()  # re-arm the TTL timer from now
+
+    def request_ended(self) -> None:
+        """A request ended: the TTL counts again from this moment."""
+        self._idle.request_finished(self._clock())
+        if self._run is not None and self._idle.ttl > 0:
+            self._run.wake.set()  # re-arm the TTL timer from now
 
     # -- the supervisor: everything below runs on the run's own task ------------------------------------
 

@@ -15,4 +15,7 @@ class ProcessState(StrEnum):
     @property
     def is_running(self) -> bool:
         """Whether the process occupies resources (llama-swap's RunningModels: not stopped, not shutdown)."""
-        return self in (ProcessState.STARTING, ProcessState.READY, ProcessState.STOPPING)
+        return self in RUNNING
+
+
+RUNNING = frozenset((ProcessState.STARTING, ProcessState.READY, ProcessState.STOPPING))

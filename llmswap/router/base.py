@@ -229,9 +229,16 @@ class BaseRouter(RequestApi, RouterEffects):
         """A granted request ended. With no event ahead of it in the queue, its ServeDone is handled here and
         now, exactly as the run loop would handle it next (the order is the same, and handling never awaits);
         otherwise, or once this router is retired or closing, it is posted behind the others."""
-        if self._events.empty() and not self._closing and not self.succession.retired and \
-                self._run_task is not None and not self._run_task.done():
-            self._handle(done)
+        run = self._run_task
+        if self._events.empty() and not self._closing and self.succession.outgoing is None and \
+                run is not None and not run.done():
+            # `_handle`'s ServeDone, minus what cannot apply: not retired, so no successor to tell.
+            try:
+                self.scheduler.on_serve_done(done)
+            except Exception:
+                log.exception("router %s: error handling ServeDone", self.name)
+            self._processed += 1
+            self._arm_tick()
         else:
             self._post(done)
 

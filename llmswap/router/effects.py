@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from llmswap.process.state import ProcessState
+from llmswap.process.state import RUNNING, ProcessState
 from llmswap.router.succession import Succession
 from llmswap.router.types import ProcessLike, RouterEvent, RouterStats, SwapFinished, SwapStarted, Waiter
 from llmswap.scheduler.errors import SchedulerError, SwapFailed
@@ -58,11 +58,16 @@ class RouterEffects(Effects):
 
     def model_state(self, model: str) -> ProcessState | None:
         process = self.processes.get(model)
-        return self._visible_state(model, process.state) if process is not None else None
+        if process is None:
+            return None
+        state = process.state
+        return state if self.succession.incoming is None else self._visible_state(model, state)
 
     def running_models(self) -> Mapping[str, ProcessState]:
+        if self.succession.incoming is None:  # every state is as the process says (the hot path)
+            return {mid: state for mid, p in self.processes.items() if (state := p.state) in RUNNING}
         states = {mid: self._visible_state(mid, p.state) for mid, p in self.processes.items()}
-        return {mid: state for mid, state in states.items() if state.is_running}
+        return {mid: state for mid, state in states.items() if state in RUNNING}
 
     def inherited_in_flight(self, model: str) -> int:
         return self.succession.inherited_in_flight(model)

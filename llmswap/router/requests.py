@@ -1,10 +1,11 @@
-"""The router's request API: `acquire` a model (wait for the scheduler's grant, serve, report the end),
-and `load_of`, what a request arriving now would meet (selectors read it).
+"""The router's request API: a model's `Grant` (`grant_now` when it may serve at once, `grant` waiting for the
+scheduler otherwise, `acquire` around either), and `load_of`, what a request arriving now would meet
+(selectors read it).
 
 A mixin of `BaseRouter` (`llmswap.router.base`), which owns the run loop these methods post to. A request
 that arrives while no event waits in that loop's queue is offered to the scheduler directly
-(`Scheduler.try_grant_now`): when its model is ready and free it is granted without the round trip through
-the queue; otherwise it is posted like any other.
+(`Scheduler.try_grant_now`): when its model is ready and free it is granted on the caller's task, without
+the round trip through the queue and without a future to wait on; otherwise it is posted like any other.
 """
 
 from __future__ import annotations
@@ -17,16 +18,17 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from llmswap.process.state import ProcessState
+from llmswap.router.grant import Grant
 from llmswap.router.succession import Succession
 from llmswap.router.types import (
     NO_OPTIONS,
     AcquireOptions,
-    Backlog,
     CancelRequest,
     NewRequest,
     ProcessLike,
     Rerouted,
     Waiter,
+    read_backlog,
 )
 from llmswap.scheduler.errors import Preempted, ShuttingDown
 from llmswap.scheduler.types import HandlerRequest, ModelLoad, Scheduler, ServeDone
@@ -59,12 +61,43 @@ class RequestApi:
 
     @contextlib.asynccontextmanager
     async def acquire(self, model: str, options: AcquireOptions = NO_OPTIONS) -> AsyncIterator[ProcessLike]:
-        """Wait until `model` may serve, yield its process, and report the end of the request.
+        """Wait until `model` may serve, yield its process, and report the end of the request (`grant`, then
+        `Grant.release`: a preemption comes out as `Preempted`)."""
+        granted = await self.grant(model, options)
+        try:
+            yield granted.process
+        except BaseException as exc:
+            preempted = granted.release(exc)
+            if preempted is not None:
+                raise preempted from None
+            raise
+        granted.release()
+
+    def grant_now(self, model: str, options: AcquireOptions = NO_OPTIONS) -> Grant | None:
+        """`model` granted here and now, when the scheduler would grant it at once (ready and free, within
+        every limit, nothing waiting that comes first, no deadline to judge); None when it must go through
+        `grant`: nothing changed then. The caller must `release` the grant, exactly once.
+
+        With no event ahead of it in the run loop's queue, the scheduler sees the world exactly as the run
+        loop would when it took this request, so it may grant it synchronously, on the caller's task; it is
+        then in flight on the scheduler's books as any other, until its ServeDone (`Grant.release`)."""
+        if options.deadline_ms or self.succession.outgoing is not None or self._closing or \
+                self._run_task is None or not self._events.empty():
+            return None
+        req = self._request(model, options, None, Waiter())  # no futures: it will not wait
+        if not self.scheduler.try_grant_now(req):  # a fresh waiter: always granted when taken
+            return None
+        return self._serve(model, req, options, options.on_admitted)
+
+    async def grant(self, model: str, options: AcquireOptions = NO_OPTIONS) -> Grant:
+        """Wait until `model` may serve and return its grant (`grant_now` when it may at once).
 
         Raises the `SchedulerError` the scheduler chose (unknown model, limits, failed swap...). Honours
         cancellation at every point: a cancelled waiter leaves the queue and never triggers a swap.
-        `options` (`AcquireOptions`): its priority, key, deadline and backlog, and whom to tell what.
-        """
+        `options` (`AcquireOptions`): its priority, key, deadline and backlog, and whom to tell what."""
+        now = self.grant_now(model, options)
+        if now is not None:
+            return now
         deadline = self.clock() + options.deadline_ms / 1000 if options.deadline_ms else None
         granted: tuple[str, HandlerRequest] | None = None
         if self.succession.outgoing is None:
@@ -76,35 +109,35 @@ class RequestApi:
             # with the same deadline (what is left of it; already late: barely any).
             assert self.succession.outgoing is not None
             left = None if deadline is None else max(1e-3, (deadline - self.clock()) * 1000)
-            async with self.succession.outgoing.successor.acquire(
-                model, replace(options, deadline_ms=left),
-            ) as process:
-                yield process
-            return
+            return await self.succession.outgoing.successor.grant(model, replace(options, deadline_ms=left))
         granted_model, req = granted
-        process = self.processes[granted_model]
+        return self._serve(granted_model, req, options)
+
+    def _request(self, model: str, options: AcquireOptions, deadline: float | None,
+                 waiter: Waiter) -> HandlerRequest:
+        return HandlerRequest(
+            model=model, seq=next(self._seq), arrived=self.clock(), priority=options.priority,
+            api_key=options.api_key, handle=waiter, deadline=deadline, backlog=read_backlog(options.backlog),
+        )
+
+    def _serve(self, model: str, req: HandlerRequest, options: AcquireOptions,
+               on_admitted: Callable[[ProcessState], None] | None = None) -> Grant:
+        """The grant of `req`, granted `model`, served from here on by the current task (the one a preemption
+        cancels). Ended again at once, should a callback fail or a preemption have come first."""
         waiter: Waiter = req.handle
-        if options.on_granted is not None:
-            options.on_granted(waiter.load)
-        task = waiter.task = asyncio.current_task()
+        waiter.task = asyncio.current_task()
+        granted = Grant(model, self.processes[model], req, self._end, options.backlog)
         try:
+            if on_admitted is not None:
+                on_admitted(self.model_state(model) or ProcessState.STOPPED)
+            if options.on_granted is not None:
+                options.on_granted(waiter.load)
             if waiter.preempted is not None:  # preempted between its grant and now
                 raise Preempted(waiter.preempted)
-            with process.track_request():
-                yield process
-        except asyncio.CancelledError:
-            # `preempt` cancelled the task serving it: its upstream call was abandoned; tell the client why.
-            if waiter.preempted is None or task is None or not task.cancelling():
-                raise
-            task.uncancel()
-            raise Preempted(waiter.preempted) from None
-        finally:
-            # Ended: a preemption decided before the run loop reads ServeDone must not cancel whatever
-            # the task does next (a task lane recording this very answer).
-            waiter.task = None
-            # The scheduler counts it out (on the spot when nothing waits ahead of it: `_end`); a successor
-            # waiting for the model learns as it is handled.
-            self._end(ServeDone(granted_model, req, _read(options.backlog)))
+        except BaseException:
+            granted.release()
+            raise
+        return granted
 
     async def _wait_for_grant(
         self, model: str, options: AcquireOptions, deadline: float | None,
@@ -113,36 +146,26 @@ class RequestApi:
         if self._closing or self._run_task is None:
             raise ShuttingDown(f"{self.name} is shutting down")
         loop = asyncio.get_running_loop()
-        waiter = Waiter(loop.create_future(), loop.create_future(), options.on_position)
-        req = HandlerRequest(
-            model=model, seq=next(self._seq), arrived=self.clock(), priority=options.priority,
-            api_key=options.api_key, handle=waiter, deadline=deadline, backlog=_read(options.backlog),
-        )
+        admitted, granted = loop.create_future(), loop.create_future()
+        waiter = Waiter(admitted, granted, options.on_position)
+        req = self._request(model, options, deadline, waiter)
         on_admitted = options.on_admitted
-        # The fast path: with no event ahead of it in the queue, the scheduler sees the world exactly as the
-        # run loop would when it took this request, so it may grant it here, synchronously, when it would
-        # grant it at once anyway (its model ready and free, nothing waiting that comes first). The request
-        # is then in flight on the scheduler's books as any other, until its ServeDone (`_end`).
-        if self._events.empty() and self.scheduler.try_grant_now(req):  # a fresh waiter: always granted
-            if on_admitted is not None:
-                on_admitted(self.model_state(model) or ProcessState.STOPPED)
-            return (waiter.granted.result(), req), on_admitted is not None
         self._unhandled[model] = self._unhandled.get(model, 0) + 1
         self._events.put_nowait(NewRequest(req))
         told = False
         try:
-            await waiter.admitted
+            await admitted
             if on_admitted is not None:
                 told = True
                 on_admitted(self.model_state(model) or ProcessState.STOPPED)
-            return (await waiter.granted, req), told
+            return (await granted, req), told
         except Rerouted:
             return None, told
         except asyncio.CancelledError:
             waiter.gone = True
-            if _succeeded(waiter.granted):
+            if _succeeded(granted):
                 # Granted in the same instant the client left: the grant counted, so it must be released.
-                self._post(ServeDone(waiter.granted.result(), req))
+                self._post(ServeDone(granted.result(), req))
             else:
                 self._post(CancelRequest(req))
             raise
@@ -158,10 +181,6 @@ class RequestApi:
         ahead = self._unhandled.get(model, 0)
         return ModelLoad(state, counts.in_flight.get(model, 0), counts.waiting.get(model, 0) + ahead,
                          model in counts.loading, self.scheduler.accepts(model, ahead))
-
-
-def _read(backlog: Backlog) -> int:
-    return max(0, backlog() if callable(backlog) else backlog)
 
 
 def _succeeded(fut: asyncio.Future[Any]) -> bool:

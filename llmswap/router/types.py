@@ -8,7 +8,6 @@ process's own `ProcessEvent`. All are frozen dataclasses; nobody reads log text.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,7 +44,9 @@ class ProcessLike(Protocol):
     async def ensure_ready(self) -> None: ...
     async def stop(self, timeout: float | None = None) -> None: ...
     async def shutdown(self, timeout: float = 1.0) -> None: ...
-    def track_request(self) -> contextlib.AbstractContextManager[None]: ...
+    def request_started(self) -> None:
+        """A granted request begins: the process holds its TTL until the matching `request_ended`."""
+    def request_ended(self) -> None: ...
 
 
 ProcessEventSink = Callable[[ProcessEvent], None]
@@ -74,12 +75,19 @@ class AcquireOptions:
 NO_OPTIONS = AcquireOptions()
 
 
+def read_backlog(backlog: Backlog) -> int:
+    return max(0, backlog() if callable(backlog) else backlog)
+
+
 @dataclass(eq=False)
 class Waiter:
-    """The router's side of one HandlerRequest: the futures its HTTP handler awaits."""
+    """The router's side of one HandlerRequest: the futures its HTTP handler awaits.
 
-    admitted: asyncio.Future[None]
-    granted: asyncio.Future[str]
+    A request granted at once (`Scheduler.try_grant_now`) never waits: its futures stay None (made only when
+    it must wait), and admitting and granting it only say whether its caller is still there."""
+
+    admitted: asyncio.Future[None] | None = None
+    granted: asyncio.Future[str] | None = None
     on_position: Callable[[int], None] | None = None
     position: int = 0
     gone: bool = False  # the client left; grants must fail
@@ -88,23 +96,31 @@ class Waiter:
     preempted: str | None = None  # set by `preempt`: why its answer is being ended
 
     def admit(self) -> bool:
-        if self.gone or self.admitted.done():
+        if self.gone:
+            return False
+        if self.admitted is None:
+            return True
+        if self.admitted.done():
             return False
         self.admitted.set_result(None)
         return True
 
     def grant(self, model: str) -> bool:
         """Whether the caller was still there: only then does the grant count as in flight."""
-        if self.gone or self.granted.done():
+        if self.gone:
             return False
-        if not self.admitted.done():
+        if self.granted is None:
+            return True
+        if self.granted.done():
+            return False
+        if self.admitted is not None and not self.admitted.done():
             self.admitted.set_result(None)
         self.granted.set_result(model)
         return True
 
     def fail(self, err: SchedulerError) -> None:
-        if self.gone:
-            return
+        if self.gone or self.admitted is None or self.granted is None:
+            return  # granted at once: nothing fails it any more
         target = self.granted if self.admitted.done() else self.admitted
         if not target.done():
             target.set_exception(err)

@@ -209,7 +209,8 @@ class SchedulerBooks:
 
     def _running_set(self, exclude: str) -> list[str]:
         running = set(self._effects.running_models())
-        running.update(m for m in self._active if m != exclude)
+        if self._active:
+            running.update(m for m in self._active if m != exclude)
         return sorted(running)
 
     def _collides(self, model: str, evict: Sequence[str]) -> bool:

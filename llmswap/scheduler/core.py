@@ -1,7 +1,8 @@
 """The machinery every queueing scheduler shares; FIFO and batch differ only in how they place requests.
 
 `QueueScheduler` handles the events over the books it inherits (`llmswap.scheduler.books`: swaps in
-progress and their waiters, the queue, in-flight and reserved counts, unloads in progress) and owns
+progress and their waiters, the queue, in-flight and reserved counts, unloads in progress; the router's
+fast path, `try_grant_now`, is `llmswap.scheduler.at_once`) and owns
 everything that is not a placement decision: limits and admission, cancellation, swap and serve
 completion, unloads, stops, shutdown, aborting loads nobody waits for, queue timeouts, positions and
 the rejection counters.
@@ -17,7 +18,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from llmswap.process.state import ProcessState
 from llmswap.scheduler.admission import (
     REASON_CONCURRENCY,
     REASON_GLOBAL_QUEUE,
@@ -26,7 +26,8 @@ from llmswap.scheduler.admission import (
     REASON_SHED,
     REASON_TIMEOUT,
 )
-from llmswap.scheduler.books import ActiveSwap, Candidate, SchedulerBooks, Verdict
+from llmswap.scheduler.at_once import GrantAtOnce
+from llmswap.scheduler.books import ActiveSwap, Candidate, Verdict
 from llmswap.scheduler.errors import (
     ConcurrencyLimit,
     ModelNotFound,
@@ -51,7 +52,7 @@ from llmswap.scheduler.types import (
 from llmswap.scheduler.urgency import UrgencyMixin
 
 
-class QueueScheduler(UrgencyMixin, SchedulerBooks, ABC):
+class QueueScheduler(UrgencyMixin, GrantAtOnce, ABC):
     """Implements `Scheduler` except for placement. Every method runs on the router's run loop."""
 
     # ----------------------------------------------------------------------------- policy hooks
@@ -126,50 +127,6 @@ class QueueScheduler(UrgencyMixin, SchedulerBooks, ABC):
         if self._late_rejected([req]):
             return
         self._accept(req)
-
-    def try_grant_now(self, req: HandlerRequest) -> bool:
-        """Grant `req` here and now when `on_request` would grant it at once and change nothing else.
-
-        The router's fast path (`RequestApi.acquire`), asked only while no event waits in its queue: True
-        when `req` was taken here exactly as `on_request` would have taken it (same counts, same `Effects`
-        calls: admitted and granted, or released if its client had gone); False when the scheduler changed
-        nothing and `req` must go through `on_request`.
-        """
-        if not self._grants_at_once(req):
-            return False
-        self._arrived(req)
-        self._reserve(req)
-        if not self._effects.admit(req):
-            self._release(req)  # the client left before admission
-            return True
-        self._grant(req, req.model)
-        return True
-
-    def _grants_at_once(self, req: HandlerRequest) -> bool:
-        """Whether `on_request(req)` would only admit and grant `req`: its model ready and free to take it
-        (no swap, unload, hold or preemption about it, nothing to evict), within every limit, no deadline to
-        judge, and nothing queued that the policy would place first (`_may_skip_queue`). Read-only."""
-        model = req.model
-        if self._shutdown is not None or req.deadline is not None:
-            return False
-        if self._effects.model_state(model) is not ProcessState.READY:
-            return False
-        if model in self._active or self._stopping.get(model) or self._holds(model):
-            return False
-        if self._preemption.holds(model, req) or not self._may_skip_queue(model):
-            return False
-        if self._reserved.get(model, 0) + self._effects.inherited_in_flight(model) >= self._limit(model):
-            return False
-        key_limit = self._admission.key_limit(req.api_key)
-        if key_limit is not None and req.api_key is not None and \
-                self._key_reserved.get(req.api_key, 0) >= key_limit:
-            return False
-        return self._evictions(model) == [] and not self._collides(model, ())
-
-    def _may_skip_queue(self, model: str) -> bool:
-        """Whether a request for `model` may be granted without the policy re-reading its queue: by default
-        only while nothing is queued and nothing is preempted (batch re-reads both after every grant)."""
-        return not self._queued() and not self._preemption.models()
 
     def on_cancel(self, req: HandlerRequest) -> None:
         if self._remove_waiter(req):
@@ -273,6 +230,8 @@ class QueueScheduler(UrgencyMixin, SchedulerBooks, ABC):
         self._drain()
 
     def next_deadline(self) -> float | None:
+        if not self._queue and not self._active and not self._announced_until:
+            return self._policy_deadline()  # nothing waits, nothing announced: the only timer left (hot path)
         late = next_late([r for r in self._waiters() if not self._deadlines.counted(r)], self._remaining)
         times = [t for t in (self._admission.next_timeout(self._waiters()), self._policy_deadline(), late,
                              self._announcement_ends()) if t is not None]

@@ -72,7 +72,10 @@ class ServiceTimes:
 
     def observe_gap(self, model: str, seconds: float) -> None:
         """A completion of `model`, `seconds` after its previous one (or after it became busy)."""
-        self._gaps.setdefault(model, deque(maxlen=GAP_WINDOW)).append(max(0.0, seconds))
+        gaps = self._gaps.get(model)
+        if gaps is None:
+            gaps = self._gaps[model] = deque(maxlen=GAP_WINDOW)
+        gaps.append(max(0.0, seconds))
 
     def per_request(self, model: str) -> float:
         """The expected seconds one queued request of `model` holds up those behind it: its mean gap

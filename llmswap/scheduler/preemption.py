@@ -85,7 +85,7 @@ class Preempting:
 
     def holds(self, model: str, req: HandlerRequest) -> bool:
         """Whether `req` may not have `model` now: `model` is being emptied and `req` is below the bound."""
-        return model in self.models() and self.preemptible(req)
+        return (model in self._models or model in self._freed) and self.preemptible(req)
 
     def ended(self, req: HandlerRequest) -> None:
         """A request finished (its ServeDone): a model whose preempted requests are all gone is free."""
@@ -105,6 +105,10 @@ class Preempting:
     def retain(self, needed: Iterable[str]) -> None:
         """Keep holding only freed models some waiting preemptor still needs (its client may have left)."""
         self._freed &= set(needed)
+
+    def idle(self) -> bool:
+        """Whether no model is preempted or held for a preemptor (`models()` is empty)."""
+        return not self._models and not self._freed
 
     def models(self) -> frozenset[str]:
         """Models preempted (or freed by it) and not yet evicted: they take nothing below the bound."""

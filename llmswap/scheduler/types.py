@@ -20,7 +20,7 @@ from llmswap.scheduler.errors import SchedulerError
 Clock = Callable[[], float]  # monotonic seconds
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class HandlerRequest:
     """One client request waiting for a decision. Identity, not value, is what matters (eq=False)."""
 

@@ -8,8 +8,7 @@ It keeps the real contract where the router depends on it: one shared start for 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmswap.config.model import ModelConfig
@@ -104,13 +103,11 @@ class FakeProcess:
         await self.stop(timeout)
         self._set(ProcessState.SHUTDOWN)
 
-    @contextlib.contextmanager
-    def track_request(self) -> Iterator[None]:
+    def request_started(self) -> None:
         self._in_flight += 1
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
+
+    def request_ended(self) -> None:
+        self._in_flight -= 1
 
 
 def fake_factory(script: FakeScript) -> Callable[[ModelConfig, Callable[[ProcessEvent], None]], FakeProcess]:

@@ -16,8 +16,8 @@ async def test_ttl_unloads_an_idle_model_after_its_last_request(make_process: Ma
     process, events = make_process(demo_config("idle", ttl=TTL))
     await process.ensure_ready()
     pid = process.pid
-    with process.track_request():
-        pass
+    process.request_started()
+    process.request_ended()
     released = time.monotonic()
 
     expired = await events.wait_for("ttl_expired")
@@ -45,11 +45,12 @@ async def test_ttl_is_held_while_a_request_is_in_flight(make_process: MakeProces
     process, events = make_process(demo_config("busy", ttl=0.2))
     await process.ensure_ready()
 
-    with process.track_request():
-        await asyncio.sleep(1.0)  # five TTLs: long enough to expire, were it not for the request
-        assert "ttl_expired" not in events.kinds()
-        assert process.state is ProcessState.READY
-        assert process.in_flight == 1
+    process.request_started()
+    await asyncio.sleep(1.0)  # five TTLs: long enough to expire, were it not for the request
+    assert "ttl_expired" not in events.kinds()
+    assert process.state is ProcessState.READY
+    assert process.in_flight == 1
+    process.request_ended()
     released = time.monotonic()
 
     await events.wait_for("ttl_expired")
