@@ -18,6 +18,7 @@ import time
 from aiohttp import web
 
 from llmswap.activity.recording import Recording
+from llmswap.dispatch.dispatcher import Lease
 from llmswap.router import AcquireOptions
 from llmswap.scheduler.errors import Preempted, SchedulerError
 from llmswap.server import guardrails
@@ -124,15 +125,31 @@ async def _leased(conn: Connection, request: FrontRequest, plan: FastPlan, recor
             deadline_ms=plan.deadline_ms or model.deadline_ms or None,
             on_granted=on_granted,
         )
-        async with dispatcher(request.app[STATE]).lease(model.id, asking, origin="http",
-                                                        router=plan.router) as lease:
-            note_wait(request, lease.waited)  # type: ignore[arg-type]
-            recording.waited(max(0.0, lease.waited - load), load or None)
-            await guardrails.learn_reported_context(request.app, lease.config, lease.upstream)
-            return await relay(conn, request, plan, lease, recording)
+        leases = dispatcher(request.app[STATE])
+        held = leases.lease_now(model.id, asking, origin="http", router=plan.router)
+        if held is None:  # it must wait (loading, busy, queued, a deadline): the router's queue
+            async with leases.lease(model.id, asking, origin="http", router=plan.router) as lease:
+                return await _granted(conn, request, plan, lease, recording, load)
+        try:
+            response = await _granted(conn, request, plan, held.lease, recording, 0.0)
+        except BaseException as exc:
+            preempted = held.release(exc)
+            if preempted is not None:
+                raise preempted from None
+            raise
+        held.release()
+        return response
     except SchedulerError as err:
         recording.fail(err.status, err.message)
         if isinstance(err, Preempted) and answering(request):  # type: ignore[arg-type]
             conn.cut()  # preempted mid-answer: a truncated answer must not pass for a complete one
             return web.Response(status=CLIENT_CLOSED_REQUEST)
         return await send_whole(request, scheduler_error_response(request, err), conn)  # type: ignore[arg-type]
+
+
+async def _granted(conn: Connection, request: FrontRequest, plan: FastPlan, lease: Lease,
+                   recording: Recording, load: float) -> web.StreamResponse:
+    note_wait(request, lease.waited)  # type: ignore[arg-type]
+    recording.waited(max(0.0, lease.waited - load), load or None)
+    await guardrails.learn_reported_context(request.app, lease.config, lease.upstream)
+    return await relay(conn, request, plan, lease, recording)
