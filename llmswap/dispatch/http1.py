@@ -286,8 +286,9 @@ def _request_head(
     lines = [f"{method} {url.raw_path_qs or '/'} HTTP/1.1"]
     host = None
     for name, value in headers.items():
-        if name.lower() in _LOCAL_HEADERS:
-            if name.lower() == "host":
+        lower = name.lower()
+        if lower in _LOCAL_HEADERS:
+            if lower == "host":
                 host = value
             continue
         lines.append(f"{name}: {value}")
