@@ -33,7 +33,7 @@ log = logging.getLogger("llmswap.server")
 
 FAST_BODY_LIMIT = 1024 * 1024  # bytes: a larger body goes to aiohttp, which streams it in
 READ_BACKLOG_LIMIT = 256 * 1024  # bytes of unanswered pipelined requests before reading pauses
-_NOT_FAST_HEADERS = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"content-encoding"})
+_NOT_FAST_HEADERS = frozenset({"transfer-encoding", "expect", "upgrade", "content-encoding"})
 
 
 class Front(Protocol):
@@ -58,7 +58,7 @@ class Front(Protocol):
 class _Message:
     start: int  # stream offset of its first byte
     url: bytes = b""
-    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    headers: list[tuple[str, str]] = field(default_factory=list)  # read from the head once it is whole
     body: bytearray = field(default_factory=bytearray)
     head_length: int = 0
     route_path: str = ""
@@ -172,10 +172,6 @@ class FrontConnection(asyncio.Protocol):
         if self._message is not None:
             self._message.url += url
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self._message is not None:
-            self._message.headers.append((name, value))
-
     def on_headers_complete(self) -> None:
         message = self._message
         if message is None or self._hand_over_at is not None:
@@ -212,17 +208,6 @@ class FrontConnection(asyncio.Protocol):
         path = message.url.decode("latin-1")
         if path not in self.front.routes:
             return False  # a query string or any other route
-        length = -1
-        for name, value in message.headers:
-            lower = name.lower()
-            if lower in _NOT_FAST_HEADERS:
-                return False
-            if lower == b"content-length":
-                if length >= 0 or not value.strip().isdigit():
-                    return False
-                length = int(value)
-        if not 0 < length <= FAST_BODY_LIMIT:
-            return False
         at = message.start - self._origin
         end = self._buffer.find(b"\r\n\r\n", at)
         if end < 0:
@@ -230,6 +215,25 @@ class FrontConnection(asyncio.Protocol):
         head = self._buffer[at:end + 4]
         if head.count(b"\n") != head.count(b"\r\n"):
             return False  # a bare LF somewhere: where the head ends is the parser's business
+        # The headers, read here from the whole head (the parser has accepted it) rather than one parser
+        # callback per header: latin-1, as HTTP/1.1 headers are octets.
+        headers = message.headers
+        length = -1
+        for line in head[:-4].decode("latin-1").split("\r\n")[1:]:
+            name, colon, value = line.partition(":")
+            if not colon or not name or name[0] in " \t" or name[-1] in " \t":
+                return False  # a folded or odd line: aiohttp's parser decides what it means
+            lower = name.lower()
+            if lower in _NOT_FAST_HEADERS:
+                return False
+            value = value.strip(" \t")
+            if lower == "content-length":
+                if length >= 0 or not (value.isascii() and value.isdigit()):
+                    return False
+                length = int(value)
+            headers.append((name, value))
+        if not 0 < length <= FAST_BODY_LIMIT:
+            return False
         message.head_length = end + 4 - at
         message.route_path = path
         return True

@@ -142,12 +142,9 @@ def _admitted_key(request: FrontRequest, config: Config) -> ApiKey | None:
     return key
 
 
-def header_multidict(pairs: list[tuple[bytes, bytes]]) -> CIMultiDictProxy[str]:
-    """Parsed header pairs as aiohttp would hold them (latin-1, as HTTP/1.1 headers are octets)."""
-    headers: CIMultiDict[str] = CIMultiDict()
-    for name, value in pairs:
-        headers.add(name.decode("latin-1"), value.decode("latin-1"))
-    return CIMultiDictProxy(headers)
+def header_multidict(pairs: list[tuple[str, str]]) -> CIMultiDictProxy[str]:
+    """Header pairs as aiohttp holds them."""
+    return CIMultiDictProxy(CIMultiDict(pairs))
 
 
 def route_table(routes: tuple[InferenceRoute, ...]) -> Mapping[str, InferenceRoute]:

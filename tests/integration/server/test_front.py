@@ -76,11 +76,14 @@ async def generating(http: aiohttp.ClientSession, served: Served) -> int:
 async def test_a_fast_answer_is_byte_identical_to_the_aiohttp_paths(serve_config: ServeConfig) -> None:
     served = await serve_config(exclusive_config(demo_config("m", "--echo")))
     async with aiohttp_site(served) as plain_port:
-        request = post("/v1/embeddings", EMBED, extra="X-Request-Tag: same\r\n")
+        # Headers the front reads from the head itself: padded, tabbed, empty, repeated, odd case.
+        odd = "X-Request-Tag: same\r\nX-Padded:   a value  \t\r\nX-Empty:\r\nx-twice: 1\r\nX-Twice:2\r\n"
+        request = post("/v1/embeddings", EMBED, extra=odd)
         fast = await exchange(port_of(served), request)
         plain = await exchange(plain_port, request)
     assert fast.startswith(b"HTTP/1.1 200 OK\r\n")
     assert fast == plain  # status line, every header but Date, and the body (which echoes what went up)
+    assert b'"X-Padded": "a value"' in fast and b'"X-Empty": ""' in fast
 
 
 async def test_refusals_are_answered_exactly_as_the_aiohttp_path_answers_them(
