@@ -21,7 +21,7 @@ from aiohttp import web
 
 from llmswap.server import auth, guard
 from llmswap.server.errors import error_response
-from llmswap.server.logsetup import emit_line
+from llmswap.server.logsetup import deliver_line
 from llmswap.server.state import STATE
 
 access_logger = logging.getLogger("llmswap.access")
@@ -151,7 +151,7 @@ def report(answered: Answered, observers: Sequence[RequestObserver]) -> None:
     if access_logger.isEnabledFor(logging.INFO):
         line = access_line(answered.remote, answered.method, answered.path, answered.status,
                            answered.seconds, answered.model, answered)
-        emit_line(access_logger, logging.INFO, line)
+        deliver_line(access_logger, logging.INFO, line)
     for observe in observers:
         try:
             observe(answered)
