@@ -132,16 +132,19 @@ def access_line(remote: str | None, method: str, path: str, status: int, seconds
     A request that waited for a model also says where its time went (OC-CORE-1040): `queue` (waiting
     for its turn), `load` (its model loading), `ttfb` (arrival to the first byte sent) and `decode`
     (first byte to the end of the answer)."""
-    outcome = "client gone" if status == CLIENT_GONE else str(status)
+    outcome = "client gone" if status == CLIENT_GONE else status
     line = f'{remote or "-"} "{method} {path}" {outcome} {seconds * 1000:.1f}ms'
     if model:
-        line = f"{line} model={model}"
-    if record is not None and record.waited is not None:
-        load = record.load or 0.0
-        line += f" queue={max(0.0, record.waited - load) * 1000:.1f}ms load={load * 1000:.1f}ms"
-        if record.first_byte is not None:
-            line += (f" ttfb={record.first_byte * 1000:.1f}ms "
-                     f"decode={max(0.0, seconds - record.first_byte) * 1000:.1f}ms")
+        line += f" model={model}"
+    waited = record.waited if record is not None else None
+    if waited is not None:
+        load = record.load or 0.0  # type: ignore[union-attr]
+        queue = waited - load
+        line += f" queue={(queue if queue > 0.0 else 0.0) * 1000:.1f}ms load={load * 1000:.1f}ms"
+        first_byte = record.first_byte  # type: ignore[union-attr]
+        if first_byte is not None:
+            decode = seconds - first_byte
+            line += f" ttfb={first_byte * 1000:.1f}ms decode={(decode if decode > 0.0 else 0.0) * 1000:.1f}ms"
     return line
 
 
