@@ -58,13 +58,19 @@ class InflightEntry:
     request: web.BaseRequest | None = None
     peer: str | None = None
     tracker: InflightTracker | None = field(default=None, repr=False)  # the tracker it is in
+    # The timestamp and request headers as shown, made the first time the entry is (they never change;
+    # an entry is shown at least twice while a stream is open).
+    shown: tuple[str, dict[str, str]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def as_dict(self, now_monotonic: float) -> dict[str, Any]:
-        stamp = datetime.fromtimestamp(self.started, UTC).isoformat().replace("+00:00", "Z")
+        if self.shown is None:
+            stamp = datetime.fromtimestamp(self.started, UTC).isoformat().replace("+00:00", "Z")
+            self.shown = (stamp, redacted(self.request_headers))
+        stamp, request_headers = self.shown
         peer = self.request.remote if self.request is not None else self.peer
         return {
             "id": self.id, "timestamp": stamp, "model": self.model, "req_path": self.req_path,
-            "method": self.method, "req_headers": redacted(self.request_headers),
+            "method": self.method, "req_headers": request_headers,
             "remote_ip": _remote_ip(self.request_headers, peer),
             "resp_headers": redacted(self.response_headers or {}), "resp_bytes": self.resp_bytes,
             "elapsed_ms": int((now_monotonic - self.started_monotonic) * 1000),

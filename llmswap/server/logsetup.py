@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, TextIO, cast
+from typing import Any, TextIO
 
 from llmswap.process.logring import LogRing
 from llmswap.server.state import RingHandler
@@ -161,7 +161,7 @@ def deliver_line(logger: logging.Logger, level: int, line: str) -> None:
         formatter = handler.formatter
         if formatter is not formatted_by:  # the handlers configure_logging installs share one
             formatted_by = formatter
-            text = cast(ProxyFormatter, formatter).line(level_name, line, created)
+            text = formatter.line(level_name, line, created)  # type: ignore[union-attr]  # see _own_handlers
         try:
             with handler.lock or contextlib.nullcontext():  # as Handler.handle holds it around emit
                 handler.put(text)

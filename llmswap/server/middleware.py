@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from aiohttp import web
 
@@ -33,7 +33,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CLIENT_GONE = 499
 
 
-@dataclass
+@dataclass(slots=True)
 class AccessRecord:
     """What a route tells the access log (and the request observers, e.g. metrics) about its request."""
 
@@ -45,10 +45,12 @@ class AccessRecord:
     answering: bool = False  # the answer's status line went out: no other response can follow
 
 
-@dataclass(frozen=True, slots=True)
-class Answered:
+class Answered(NamedTuple):
     """What the request observers learn about one answered request: the same whichever front served it
-    (aiohttp here, or a raw one), so observers never see a framework's request object."""
+    (aiohttp here, or a raw one), so observers never see a framework's request object.
+
+    A NamedTuple: as immutable as a frozen dataclass (every observer sees the same facts), for a third of
+    a frozen dataclass's making (one is made for every request)."""
 
     method: str
     path: str
