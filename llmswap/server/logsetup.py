@@ -146,12 +146,12 @@ def deliver_line(logger: logging.Logger, level: int, line: str) -> None:
     a request's cost. So: when every handler the line would reach is one this module installed (no
     filters, the proxy's format), the line is formatted once and handed to them as text, no record made;
     otherwise (someone's own handler, filter or record factory) a record goes through logging as usual."""
+    if logging.getLogRecordFactory() is not logging.LogRecord:  # someone's own records: theirs to make
+        logger.handle(logger.makeRecord(logger.name, level, __file__, 0, line, None, None))
+        return
     handlers = _own_handlers(logger, level)
     if handlers is None:
-        if logging.getLogRecordFactory() is not logging.LogRecord:  # someone's own records: theirs to make
-            logger.handle(logger.makeRecord(logger.name, level, __file__, 0, line, None, None))
-        else:
-            logger.handle(_line_record(logger.name, level, line))
+        logger.handle(_line_record(logger.name, level, line))
         return
     created = time.time()
     level_name = _LEVEL_NAMES.get(level) or logging.getLevelName(level)

@@ -297,3 +297,25 @@ def test_a_handlers_own_level_and_formatter_still_apply_to_a_line() -> None:
     emit_line(access, logging.WARNING, "both")
     assert ring.history() == ["[INFO] ring only", "llmswap.access: both"]
     assert out.getvalue() == "[WARN] both\n"
+
+
+@pytest.mark.usefixtures("restore_loggers")
+def test_a_record_factory_of_someone_elses_still_makes_the_record_of_each_line() -> None:
+    out = io.StringIO()
+    ring = LogRing("proxy")
+    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=out)
+    made: list[str] = []
+    factory = logging.getLogRecordFactory()
+
+    def counting(*args, **kwargs) -> logging.LogRecord:
+        record = factory(*args, **kwargs)
+        made.append(record.getMessage())
+        return record
+
+    logging.setLogRecordFactory(counting)
+    try:
+        emit_line(logging.getLogger("llmswap.access"), logging.INFO, "a request")
+    finally:
+        logging.setLogRecordFactory(factory)
+    assert made == ["a request"]
+    assert out.getvalue() == "[INFO] a request\n" and ring.history() == ["[INFO] a request"]
