@@ -34,7 +34,9 @@ class LogRing:
         if capacity < 1:
             raise ValueError(f"LogRing capacity must be >= 1, got {capacity}")
         self.name = name
-        self._entries: deque[LogEntry] = deque(maxlen=capacity)
+        # (timestamp, line) pairs: a LogEntry is made only when one is asked for (`entries`), since a
+        # line is appended on every request (the access log) and read rarely.
+        self._entries: deque[tuple[float, str]] = deque(maxlen=capacity)
         self._subscribers: set[LogSubscription] = set()
         # Called with every line as it is appended, synchronously (the events stream's `logData`).
         self.listeners: list[Callable[[str], None]] = []
@@ -45,7 +47,7 @@ class LogRing:
         return len(self._entries)
 
     def append(self, line: str) -> None:
-        self._entries.append(LogEntry(self._wall_clock(), line))
+        self._entries.append((self._wall_clock(), line))
         self.total += 1
         for subscriber in self._subscribers:
             subscriber._deliver(line)
@@ -53,17 +55,17 @@ class LogRing:
             listener(line)
 
     def history(self) -> list[str]:
-        return [entry.line for entry in self._entries]
+        return [line for _, line in self._entries]
 
     def entries(self) -> list[LogEntry]:
-        return list(self._entries)
+        return [LogEntry(timestamp, line) for timestamp, line in self._entries]
 
     def tail(self, count: int, *, since: int = 0) -> list[str]:
         """The last `count` lines, limited to those appended after position `since` (an earlier `total`)."""
         available = min(len(self._entries), self.total - since, count)
         if available <= 0:
             return []
-        return [entry.line for entry in list(self._entries)[-available:]]
+        return [line for _, line in list(self._entries)[-available:]]
 
     def subscribe(self, backlog: int = DEFAULT_BACKLOG) -> LogSubscription:
         """A live tail of the lines appended from now on (history is separate: read it first if needed)."""

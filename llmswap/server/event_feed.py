@@ -6,6 +6,7 @@ Sources (each typed; nothing here reads log text):
   `swap`; process events → `processEvent`, then `modelStatus` when a model's state changed;
 - the proxy and upstream `LogRing`s → `logData`, one frame per line;
 - the `InflightTracker` → `inflight` upsert/remove; byte progress at most once per `poll` per request;
+- the log rings and the tracker are listened to only while a stream is open: nobody listening, no work;
 - the scheduler's queue counts, looked at right after each router event and every `poll` seconds while
   anyone listens → `queue`;
 - `publish(item)` for typed events from other modules, mapped by `TYPED_EVENTS`.
@@ -64,7 +65,7 @@ class EventFeed:
         self.poll = poll
         self.wall_clock = wall_clock
         self.active_profile = active_profile
-        self.bus = EventBus(max_pending)
+        self.bus = EventBus(max_pending, on_listening=self._listening)
         self._swaps: deque[SwapRecord] = deque(maxlen=recent_swaps)
         self._open: dict[int, SwapRecord] = {}  # id(plan) -> record, while the swap runs
         self._swap_ids = itertools.count(1)
@@ -74,10 +75,11 @@ class EventFeed:
         self._check_pending = False
         self._poller: asyncio.Task[None] | None = None
         self._routers = 0
-        self._rings: dict[int, LogRing] = {}
+        # Each followed ring and the listener that turns its lines into `logData` (attached while anyone
+        # listens).
+        self._rings: dict[int, tuple[LogRing, Callable[[str], None]]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None  # the streams' loop, once one subscribed
         self.inflight = tracker_of(server_state)
-        self.inflight.listeners.append(self.on_inflight)
         self._follow_log(server_state.proxy_log, "proxy")
 
     # ------------------------------------------------------------------ routers
@@ -144,10 +146,30 @@ class EventFeed:
 
     # ------------------------------------------------------------------ logs and in-flight requests
 
+    def _listening(self, anyone: bool) -> None:
+        # Told by the bus when its first subscriber joins and its last leaves. The log rings and the
+        # in-flight tracker call the feed only in between: with nobody listening (the common case) a
+        # request costs the feed nothing.
+        listeners = self.inflight.listeners
+        if anyone:
+            # What a new stream's opening frames show: progress is published from there on.
+            self._sent_bytes = {entry.id: entry.resp_bytes for entry in self.inflight.entries()}
+            if self.on_inflight not in listeners:
+                listeners.append(self.on_inflight)
+            for ring, on_line in self._rings.values():
+                if on_line not in ring.listeners:
+                    ring.listeners.append(on_line)
+        else:
+            self._sent_bytes = {}
+            if self.on_inflight in listeners:
+                listeners.remove(self.on_inflight)
+            for ring, on_line in self._rings.values():
+                if on_line in ring.listeners:
+                    ring.listeners.remove(on_line)
+
     def _follow_log(self, ring: LogRing, source: str) -> None:
         if id(ring) in self._rings:
             return
-        self._rings[id(ring)] = ring
 
         def on_line(line: str) -> None:
             if not self.bus.subscribers:
@@ -163,7 +185,9 @@ class EventFeed:
             else:
                 self.bus.publish(event)
 
-        ring.listeners.append(on_line)
+        self._rings[id(ring)] = (ring, on_line)
+        if self.bus.subscribers:
+            ring.listeners.append(on_line)
 
     def on_inflight(self, operation: str, entry: InflightEntry) -> None:
         if operation == "remove":

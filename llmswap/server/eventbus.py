@@ -15,7 +15,7 @@ import asyncio
 import enum
 import json
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,12 +123,19 @@ class Subscription:
 
 
 class EventBus:
-    """Fans events out to every subscriber; publishing is synchronous (call it on the loop thread)."""
+    """Fans events out to every subscriber; publishing is synchronous (call it on the loop thread).
 
-    def __init__(self, max_pending: int = MAX_PENDING) -> None:
+    `on_listening(True)` is called when the first subscriber joins, `on_listening(False)` when the last
+    one leaves: a source can then do no work at all for events nobody would get."""
+
+    def __init__(self, max_pending: int = MAX_PENDING,
+                 on_listening: Callable[[bool], None] | None = None) -> None:
         self.max_pending = max_pending
         self._subscribers: dict[Subscription, None] = {}  # in subscription order
         self._closed = False
+        self._on_listening = on_listening
+        # How many subscriptions are open: a plain attribute, read by sources on every request.
+        self.subscribers = 0
 
     def subscribe(self) -> Subscription:
         subscription = Subscription(self, self.max_pending)
@@ -136,14 +143,16 @@ class EventBus:
             subscription.close()
         else:
             self._subscribers[subscription] = None
+            self.subscribers = len(self._subscribers)
+            if self.subscribers == 1 and self._on_listening is not None:
+                self._on_listening(True)
         return subscription
 
     def _unsubscribe(self, subscription: Subscription) -> None:
-        self._subscribers.pop(subscription, None)
-
-    @property
-    def subscribers(self) -> int:
-        return len(self._subscribers)
+        if self._subscribers.pop(subscription, False) is None:
+            self.subscribers = len(self._subscribers)
+            if self.subscribers == 0 and self._on_listening is not None:
+                self._on_listening(False)
 
     @property
     def subscriptions(self) -> tuple[Subscription, ...]:

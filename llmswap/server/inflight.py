@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,18 +22,22 @@ from aiohttp import web
 
 from llmswap.activity.captures import redacted
 from llmswap.server.middleware import note_first_byte
-from llmswap.server.state import STATE, ServerState
+from llmswap.server.state import ServerState
 
 INFLIGHT_KEY = "inflight"  # ServerState.extras key of the app's InflightTracker
 
 
 def remote_ip(request: web.BaseRequest) -> str:
     """The client's address as llama-swap shows it: X-Forwarded-For's first element, X-Real-IP, the socket."""
-    forwarded = request.headers.get("X-Forwarded-For", "").split(",")[0].strip()
-    return forwarded or request.headers.get("X-Real-IP", "").strip() or (request.remote or "")
+    return _remote_ip(request.headers, request.remote)
 
 
-@dataclass
+def _remote_ip(headers: Mapping[str, str], peer: str | None) -> str:
+    forwarded = headers.get("X-Forwarded-For", "").split(",")[0].strip()
+    return forwarded or headers.get("X-Real-IP", "").strip() or (peer or "")
+
+
+@dataclass(slots=True)
 class InflightEntry:
     id: str
     started: float  # wall clock, for the timestamp
@@ -43,22 +47,31 @@ class InflightEntry:
     method: str
     # The headers as received and as sent: redacted only when shown, so an untracked moment costs nothing.
     request_headers: Mapping[str, str]
-    remote_ip: str
     response_headers: Mapping[str, str] | None = None
     resp_bytes: int = 0
     # For `cancel`: the task serving the request, the response once it went out, and whether it was cancelled.
     task: asyncio.Task[Any] | None = None
     response: web.StreamResponse | None = None
     cancelled: bool = False
-    # While in flight: the request, read for the client's address only when the entry is shown.
+    # While in flight: the request, read for the client's address only when the entry is shown; once let
+    # go, the socket's address it had (the headers' addresses are in `request_headers`).
     request: web.BaseRequest | None = None
+    peer: str | None = None
+    tracker: InflightTracker | None = field(default=None, repr=False)  # the tracker it is in
+    # The timestamp and request headers as shown, made the first time the entry is (they never change;
+    # an entry is shown at least twice while a stream is open).
+    shown: tuple[str, dict[str, str]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def as_dict(self, now_monotonic: float) -> dict[str, Any]:
-        stamp = datetime.fromtimestamp(self.started, UTC).isoformat().replace("+00:00", "Z")
+        if self.shown is None:
+            stamp = datetime.fromtimestamp(self.started, UTC).isoformat().replace("+00:00", "Z")
+            self.shown = (stamp, redacted(self.request_headers))
+        stamp, request_headers = self.shown
+        peer = self.request.remote if self.request is not None else self.peer
         return {
             "id": self.id, "timestamp": stamp, "model": self.model, "req_path": self.req_path,
-            "method": self.method, "req_headers": redacted(self.request_headers),
-            "remote_ip": remote_ip(self.request) if self.request is not None else self.remote_ip,
+            "method": self.method, "req_headers": request_headers,
+            "remote_ip": _remote_ip(self.request_headers, peer),
             "resp_headers": redacted(self.response_headers or {}), "resp_bytes": self.resp_bytes,
             "elapsed_ms": int((now_monotonic - self.started_monotonic) * 1000),
         }
@@ -92,10 +105,9 @@ class InflightTracker:
         """Add an entry for `request` (routed to `model`; `path` as shown, default the request's), served by
         `task` (default: the current one); `close` it when the request ends."""
         entry = InflightEntry(
-            id=str(next(self._ids)), started=self.wall_clock(), started_monotonic=self.monotonic(),
-            model=model, req_path=request.path if path is None else path, method=request.method,
-            request_headers=request.headers, remote_ip="", task=task or asyncio.current_task(),
-            request=request,
+            str(next(self._ids)), self.wall_clock(), self.monotonic(), model,
+            request.path if path is None else path, request.method, request.headers,
+            task=task or asyncio.current_task(), request=request, tracker=self,
         )
         self._entries[entry.id] = entry
         request[ENTRY] = entry
@@ -106,18 +118,20 @@ class InflightTracker:
     def close(self, entry: InflightEntry) -> None:
         if self._entries.pop(entry.id, None) is None:
             return
-        if entry.request is not None:
-            entry.request.pop(ENTRY, None)
-            entry.remote_ip = remote_ip(entry.request)  # what `as_dict` shows once the request is let go
+        request = entry.request
+        if request is not None:
+            request.pop(ENTRY, None)
+            entry.peer = request.remote  # what `as_dict` shows once the request is let go
             entry.request = None
         if self.listeners:
             self._tell("remove", entry)
 
     def responded(self, entry: InflightEntry, response: web.StreamResponse) -> None:
-        if entry.id in self._entries and entry.response_headers is None:
+        if entry.response_headers is None and entry.id in self._entries:
             entry.response = response
             entry.response_headers = response.headers
-            self._tell("upsert", entry)
+            if self.listeners:
+                self._tell("upsert", entry)
 
     def cancel(self, entry_id: str) -> bool:
         """End the request `entry_id`: its serving task is cancelled, and the code that serves it (see
@@ -146,8 +160,8 @@ def note_relayed(request: web.BaseRequest, size: int) -> None:
 
 async def _on_prepare(request: web.BaseRequest, response: web.StreamResponse) -> None:
     entry = request.get(ENTRY)
-    if entry is not None:
-        tracker_of(request.app[STATE]).responded(entry, response)
+    if entry is not None and entry.tracker is not None:
+        entry.tracker.responded(entry, response)
 
 
 def setup(app: web.Application) -> None:

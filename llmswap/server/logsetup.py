@@ -116,25 +116,77 @@ class ProxyFormatter(logging.Formatter):
         format_timestamp(time_format, datetime.now())  # an unknown layout fails here, not on every record
 
     def format(self, record: logging.LogRecord) -> str:
-        line = f"[{_LEVEL_NAMES.get(record.levelno, record.levelname)}] {record.getMessage()}"
-        if self.time_format:
-            stamp = format_timestamp(self.time_format, datetime.fromtimestamp(record.created).astimezone())
-            line = f"{stamp} {line}"
+        level_name = _LEVEL_NAMES.get(record.levelno, record.levelname)
+        line = self.line(level_name, record.getMessage(), record.created)
         if record.exc_info:
             line = f"{line}\n{self.formatException(record.exc_info)}"
         return line
 
+    def line(self, level_name: str, message: str, created: float) -> str:
+        """The line for `message` logged at `level_name` at `created` (time.time()), without a record."""
+        line = f"[{level_name}] {message}"
+        if self.time_format:
+            stamp = format_timestamp(self.time_format, datetime.fromtimestamp(created).astimezone())
+            line = f"{stamp} {line}"
+        return line
+
 
 def emit_line(logger: logging.Logger, level: int, line: str) -> None:
-    """Hand a finished line to `logger`'s handlers as `logger.log(level, "%s", line)` would, minus the walk
-    up the stack for the caller's file and line (no format here prints them) and most of the record's
-    making: on the access log, once per request, both were a measurable share of a request's cost."""
-    if not logger.isEnabledFor(level):
-        return
+    """Hand a finished line to `logger`'s handlers as `logger.log(level, "%s", line)` would, for less: see
+    `deliver_line`."""
+    if logger.isEnabledFor(level):
+        deliver_line(logger, level, line)
+
+
+def deliver_line(logger: logging.Logger, level: int, line: str) -> None:
+    """`emit_line` for a caller that has just checked `logger.isEnabledFor(level)`.
+
+    On the access log, once per request, the walk up the stack for the caller's file and line (no format
+    here prints them), the record's making and each handler formatting it again were a measurable share of
+    a request's cost. So: when every handler the line would reach is one this module installed (no
+    filters, the proxy's format), the line is formatted once and handed to them as text, no record made;
+    otherwise (someone's own handler, filter or record factory) a record goes through logging as usual."""
     if logging.getLogRecordFactory() is not logging.LogRecord:  # someone's own records: theirs to make
         logger.handle(logger.makeRecord(logger.name, level, __file__, 0, line, None, None))
         return
-    logger.handle(_line_record(logger.name, level, line))
+    handlers = _own_handlers(logger, level)
+    if handlers is None:
+        logger.handle(_line_record(logger.name, level, line))
+        return
+    created = time.time()
+    level_name = _LEVEL_NAMES.get(level) or logging.getLevelName(level)
+    formatted_by: logging.Formatter | None = None
+    text = ""
+    for handler in handlers:
+        formatter = handler.formatter
+        if formatter is not formatted_by:  # the handlers configure_logging installs share one
+            formatted_by = formatter
+            text = formatter.line(level_name, line, created)  # type: ignore[union-attr]  # see _own_handlers
+        try:
+            with handler.lock or contextlib.nullcontext():  # as Handler.handle holds it around emit
+                handler.put(text)
+        except Exception:
+            handler.handleError(_line_record(logger.name, level, line))
+
+
+def _own_handlers(logger: logging.Logger, level: int) -> list[_Installed] | None:
+    """The handlers a record of `level` from `logger` would reach, when every one is this module's with the
+    proxy's format and nothing on the way filters; else None."""
+    reached: list[_Installed] = []
+    current: logging.Logger | None = logger
+    while current is not None:
+        if current.filters:
+            return None
+        for handler in current.handlers:
+            if (not isinstance(handler, _Installed) or handler.filters
+                    or type(handler.formatter) is not ProxyFormatter):
+                return None
+            if level >= handler.level:
+                reached.append(handler)
+        if not current.propagate:
+            break
+        current = current.parent  # type: ignore[assignment]
+    return reached or None  # none at all: logging's last resort decides
 
 
 _RECORD_TEMPLATES: dict[tuple[str, int, int], dict[str, Any]] = {}
@@ -164,7 +216,11 @@ def _line_record(name: str, level: int, line: str) -> logging.LogRecord:
 
 
 class _Installed(logging.Handler):
-    """Marks the handlers this module installed, so configuring again (a reload) replaces them."""
+    """Marks the handlers this module installed, so configuring again (a reload) replaces them; each also
+    takes a line already formatted (`put`, called with the handler's lock held)."""
+
+    def put(self, text: str) -> None:
+        raise NotImplementedError
 
 
 class _Stream(logging.StreamHandler, _Installed):  # type: ignore[type-arg]
@@ -178,15 +234,18 @@ class _Stream(logging.StreamHandler, _Installed):  # type: ignore[type-arg]
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            text = self.format(record) + self.terminator
+            text = self.format(record)
         except Exception:
             self.handleError(record)
             return
+        self.put(text)
+
+    def put(self, text: str) -> None:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        self._held.append(text)
+        self._held.append(text + self.terminator)
         if loop is None:
             self.flush()
         elif len(self._held) == 1:
@@ -205,7 +264,8 @@ class _Stream(logging.StreamHandler, _Installed):  # type: ignore[type-arg]
 
 
 class _Ring(RingHandler, _Installed):
-    pass
+    def put(self, text: str) -> None:
+        self.ring.append(text)
 
 
 def configure_logging(

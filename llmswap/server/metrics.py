@@ -5,7 +5,8 @@ process, or a test suite, must not share counters). Three sources feed it:
 
 - every answered request, from whichever front served it (`REQUEST_OBSERVERS`, an `Answered` each):
   requests by model, route and status; request duration, time to the first upstream byte and the wait
-  for the router's grant;
+  for the router's grant (`llmswap.server.request_metrics`: plain numbers, made into families when
+  scraped);
 - router observers (on every router a config reload installs, see `ServerState.watch_router`): model
   starts, restarts (starts after a model's first), unexpected exits, start failures, load durations (from
   `ready` events) and swap durations;
@@ -53,6 +54,7 @@ from llmswap.process.state import ProcessState
 from llmswap.router.base import BaseRouter
 from llmswap.router.types import RouterEvent, RouterStats, SwapFinished
 from llmswap.server.middleware import REQUEST_OBSERVERS, Answered
+from llmswap.server.request_metrics import RequestMetrics
 from llmswap.server.state import STATE, ServerState
 from llmswap.server.websocket import open_sockets
 
@@ -60,9 +62,6 @@ log = logging.getLogger("llmswap.metrics")
 
 METRICS_KEY = "metrics"  # ServerState.extras key of the app's ServerMetrics
 
-# Inference requests run from milliseconds (a cached answer) to minutes (a long generation, a cold load).
-REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
 
@@ -73,19 +72,9 @@ class ServerMetrics:
         self.state = server_state
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
-        self.requests = Counter("llmswap_requests", "HTTP requests answered, by model, route and status",
-                                ("model", "route", "status"), registry=r)
-        self.request_seconds = Histogram(
-            "llmswap_request_duration_seconds", "Seconds from a request's arrival to the end of its answer",
-            ("model", "route"), buckets=REQUEST_BUCKETS, registry=r)
-        self.first_byte_seconds = Histogram(
-            "llmswap_time_to_first_byte_seconds",
-            "Seconds from a request's arrival to the first byte of the upstream's answer sent to the client",
-            ("model", "route"), buckets=REQUEST_BUCKETS, registry=r)
-        self.queue_wait_seconds = Histogram(
-            "llmswap_queue_wait_seconds",
-            "Seconds a request waited for its model to be granted (queue and load included)",
-            ("model",), buckets=WAIT_BUCKETS, registry=r)
+        # The per-request families first: where the client library's own Counter and Histograms were.
+        self.request_series = RequestMetrics()
+        r.register(self.request_series)
         self.load_seconds = Histogram(
             "llmswap_model_load_duration_seconds", "Seconds from spawning an upstream to its being ready",
             ("model",), buckets=LOAD_BUCKETS, registry=r)
@@ -102,7 +91,6 @@ class ServerMetrics:
                                       "Upstream starts that failed (exit, health-check timeout, spawn error)",
                                       ("model",), registry=r)
         self._started_once: set[str] = set()
-        self._request_series: dict[tuple[str, str, int], RequestSeries] = {}
         self._routers_seen: list[tuple[RouterStats, Any]] = []  # (router stats, scheduler stats or None)
         self._own_reader = reader
         self._reader_opened = reader is not None
@@ -140,17 +128,9 @@ class ServerMetrics:
             self.start_failures.labels(model).inc()
 
     def on_request(self, answered: Answered) -> None:
-        key = (answered.model, answered.route, answered.status)
-        series = self._request_series.get(key)
-        if series is None:  # looked up once per (model, route, status): labels() costs more than the update
-            series = RequestSeries(self, answered.model, answered.route, answered.status)
-            self._request_series[key] = series
-        series.count.inc()
-        series.duration.observe(answered.seconds)
-        if answered.first_byte is not None:
-            series.first_byte().observe(answered.first_byte)
-        if answered.waited is not None:
-            series.waited().observe(answered.waited)
+        """Count an answered request (the app's observer is `request_series.observe` itself: one call
+        less on every request)."""
+        self.request_series.observe(answered)
 
     # ------------------------------------------------------------------ reading
 
@@ -201,28 +181,6 @@ class ServerMetrics:
     def close(self) -> None:
         if self._own_reader is not None:
             self._own_reader.close()
-
-
-class RequestSeries:
-    """The series one (model, route, status) updates; the optional ones made when first observed (a series
-    once made is exposed, zero or not)."""
-
-    def __init__(self, metrics: ServerMetrics, model: str, route: str, status: int) -> None:
-        self.metrics, self.model, self.route = metrics, model, route
-        self.count = metrics.requests.labels(model, route, str(status))
-        self.duration = metrics.request_seconds.labels(model, route)
-        self._first_byte: Any = None
-        self._waited: Any = None
-
-    def first_byte(self) -> Any:
-        if self._first_byte is None:
-            self._first_byte = self.metrics.first_byte_seconds.labels(self.model, self.route)
-        return self._first_byte
-
-    def waited(self) -> Any:
-        if self._waited is None:
-            self._waited = self.metrics.queue_wait_seconds.labels(self.model)
-        return self._waited
 
 
 def _add(into: dict[str, int], counts: Mapping[str, int]) -> None:
@@ -352,7 +310,7 @@ def metrics_of(server_state: ServerState) -> ServerMetrics:
 def setup(app: web.Application) -> None:
     metrics = metrics_of(app[STATE])
     app[STATE].watch_router(metrics.watch)
-    app[REQUEST_OBSERVERS].append(metrics.on_request)
+    app[REQUEST_OBSERVERS].append(metrics.request_series.observe)
     app.router.add_get("/metrics", scrape)
     app.on_cleanup.append(_close)
 

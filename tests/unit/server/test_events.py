@@ -7,7 +7,8 @@ import json
 import threading
 from dataclasses import dataclass
 
-from multidict import CIMultiDict
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from llmswap.config.model import Capabilities, Config, ModelConfig, PeerConfig
 from llmswap.process import ProcessEvent
@@ -18,7 +19,8 @@ from llmswap.server import event_feed
 from llmswap.server.event_feed import EventFeed
 from llmswap.server.event_payloads import model_status
 from llmswap.server.eventbus import Event, EventBus, Mark, Subscription
-from llmswap.server.inflight import redacted
+from llmswap.server.front.request import FrontRequest
+from llmswap.server.inflight import InflightTracker, note_relayed, redacted
 from llmswap.server.state import ServerState
 from tests.helpers.fake_process import FakeScript, fake_factory
 from tests.helpers.wait import eventually
@@ -266,3 +268,69 @@ async def test_a_line_logged_from_a_worker_thread_is_published_on_the_loop():
     assert item == Event("logData", {"source": "proxy", "data": "from a thread\n"})
     assert publishing_threads == [threading.get_ident()]  # the loop's thread, not the worker's
     await feed.close()
+
+
+def test_the_bus_says_when_its_first_subscriber_joins_and_when_its_last_leaves():
+    told: list[bool] = []
+    bus = EventBus(on_listening=told.append)
+    first, second = bus.subscribe(), bus.subscribe()
+    first.close()
+    first.close()  # a second close changes nothing
+    assert (told, bus.subscribers) == ([True], 1)
+    second.close()
+    third = bus.subscribe()
+    bus.close()
+    assert (told, bus.subscribers, third.closed) == ([True, False, True, False], 0, True)
+    bus.subscribe()  # a closed bus takes no subscriber: nobody starts listening
+    assert told == [True, False, True, False]
+
+
+def test_streams_opened_one_after_another_each_get_every_log_line_once():
+    state, feed = feed_for(model("a"))
+    state.proxy_log.append("while nobody listens")
+    first = feed.bus.subscribe()
+    state.proxy_log.append("to the first")
+    assert of_type(drain(first), "logData") == [{"source": "proxy", "data": "to the first\n"}]
+    first.close()
+    state.proxy_log.append("between the two")
+    second = feed.bus.subscribe()
+    state.proxy_log.append("to the second")
+    assert of_type(drain(second), "logData") == [{"source": "proxy", "data": "to the second\n"}]
+
+
+async def test_a_stream_gets_progress_of_a_request_begun_before_it_opened_only_once_bytes_move():
+    _, feed = feed_for(model("a"))
+    app = web.Application()
+    headers = CIMultiDictProxy(CIMultiDict({"X-Real-IP": "203.0.113.7"}))
+    request = FrontRequest("POST", "/v1/chat/completions", headers, "127.0.0.1", app, None, True)
+    entry = feed.inflight.open(request, "a")  # type: ignore[arg-type]
+    note_relayed(request, 100)  # type: ignore[arg-type]
+    listener = feed.subscribe()
+    assert [r["resp_bytes"] for r in feed.inflight_snapshot()["requests"]] == [100]
+    feed.check_progress()
+    assert drain(listener) == []  # the opening snapshot said 100 already
+    note_relayed(request, 50)  # type: ignore[arg-type]
+    feed.check_progress()
+    feed.inflight.close(entry)
+    upsert, remove = of_type(drain(listener), "inflight")
+    assert (upsert["operation"], upsert["request"]["resp_bytes"], upsert["request"]["remote_ip"]) == (
+        "upsert", 150, "203.0.113.7")
+    assert remove == {"operation": "remove", "id": entry.id}
+    listener.close()
+    later = feed.inflight.open(request, "a")  # type: ignore[arg-type]
+    feed.inflight.close(later)
+    assert drain(feed.subscribe()) == []  # what happened while nobody listened is not replayed
+    await feed.close()
+
+
+def test_a_closed_inflight_entry_still_shows_the_client_address_it_had():
+    app = web.Application()
+    tracker = InflightTracker()
+    for headers, expected in (({"X-Forwarded-For": "198.51.100.1, 10.0.0.1"}, "198.51.100.1"),
+                              ({"X-Real-IP": " 203.0.113.7 "}, "203.0.113.7"), ({}, "192.0.2.5")):
+        request = FrontRequest("POST", "/v1/embeddings", CIMultiDictProxy(CIMultiDict(headers)), "192.0.2.5",
+                               app, None, True)
+        entry = tracker.open(request, "a", task=object())  # type: ignore[arg-type]
+        shown_open = entry.as_dict(0.0)["remote_ip"]
+        tracker.close(entry)
+        assert (shown_open, entry.as_dict(0.0)["remote_ip"], entry.request) == (expected, expected, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -228,3 +229,93 @@ def test_configuring_again_writes_out_the_lines_the_old_handler_held() -> None:
 
     asyncio.run(log_then_reload())
     assert first.getvalue() == "[INFO] held\n" and second.getvalue() == ""
+
+
+@pytest.mark.usefixtures("restore_loggers")
+def test_a_line_with_a_timestamp_reads_as_a_logged_one_on_stdout_and_in_the_ring() -> None:
+    out = io.StringIO()
+    ring = LogRing("proxy")
+    configure_logging(level="info", to_stdout="proxy", time_format="rfc3339nano", proxy_log=ring, stream=out)
+    access = logging.getLogger("llmswap.access")
+    access.info("%s", "via logging")
+    emit_line(access, logging.INFO, "via emit_line")
+    logged, emitted = out.getvalue().splitlines()
+    assert ring.history() == [logged, emitted]
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)"
+    assert re.fullmatch(stamp + r" \[INFO\] via logging", logged)
+    assert re.fullmatch(stamp + r" \[INFO\] via emit_line", emitted)
+
+
+class Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.mark.usefixtures("restore_loggers")
+def test_a_handler_of_someone_elses_still_gets_each_line_as_a_record_beside_llmswaps() -> None:
+    out = io.StringIO()
+    ring = LogRing("proxy")
+    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=out)
+    theirs = Kept()
+    logging.getLogger(PROXY_LOGGER).addHandler(theirs)
+    emit_line(logging.getLogger("llmswap.access"), logging.INFO, "a request")
+    assert [(r.name, r.levelname, r.getMessage()) for r in theirs.records] == [
+        ("llmswap.access", "INFO", "a request")]
+    assert out.getvalue() == "[INFO] a request\n" and ring.history() == ["[INFO] a request"]
+
+
+@pytest.mark.usefixtures("restore_loggers")
+def test_a_filter_on_the_way_still_decides_whether_a_line_is_written() -> None:
+    out = io.StringIO()
+    ring = LogRing("proxy")
+    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=out)
+    access = logging.getLogger("llmswap.access")
+    refuse = logging.Filter("somewhere.else")  # passes no record of llmswap's
+    access.addFilter(refuse)
+    try:
+        emit_line(access, logging.INFO, "filtered out")
+    finally:
+        access.removeFilter(refuse)
+    emit_line(access, logging.INFO, "let through")
+    assert out.getvalue() == "[INFO] let through\n" and ring.history() == ["[INFO] let through"]
+
+
+@pytest.mark.usefixtures("restore_loggers")
+def test_a_handlers_own_level_and_formatter_still_apply_to_a_line() -> None:
+    out = io.StringIO()
+    ring = LogRing("proxy")
+    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=out)
+    access = logging.getLogger("llmswap.access")
+    ring_handler, stdout_handler = logging.getLogger(PROXY_LOGGER).handlers
+    stdout_handler.setLevel(logging.WARNING)
+    emit_line(access, logging.INFO, "ring only")
+    ring_handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    emit_line(access, logging.WARNING, "both")
+    assert ring.history() == ["[INFO] ring only", "llmswap.access: both"]
+    assert out.getvalue() == "[WARN] both\n"
+
+
+@pytest.mark.usefixtures("restore_loggers")
+def test_a_record_factory_of_someone_elses_still_makes_the_record_of_each_line() -> None:
+    out = io.StringIO()
+    ring = LogRing("proxy")
+    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=out)
+    made: list[str] = []
+    factory = logging.getLogRecordFactory()
+
+    def counting(*args, **kwargs) -> logging.LogRecord:
+        record = factory(*args, **kwargs)
+        made.append(record.getMessage())
+        return record
+
+    logging.setLogRecordFactory(counting)
+    try:
+        emit_line(logging.getLogger("llmswap.access"), logging.INFO, "a request")
+    finally:
+        logging.setLogRecordFactory(factory)
+    assert made == ["a request"]
+    assert out.getvalue() == "[INFO] a request\n" and ring.history() == ["[INFO] a request"]

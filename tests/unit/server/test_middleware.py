@@ -48,6 +48,12 @@ def test_access_line_of_a_request_refused_before_its_first_byte_has_no_ttfb():
     assert line.endswith(" model=qwen queue=250.0ms load=0.0ms")
 
 
+def test_access_line_never_shows_a_negative_queue_or_decode_time():
+    record = AccessRecord(model="qwen", waited=1.0, load=1.25, first_byte=2.5)
+    line = access_line("::1", "POST", "/v1/chat/completions", 200, 2.0, "qwen", record)
+    assert line.endswith(" model=qwen queue=0.0ms load=1250.0ms ttfb=2500.0ms decode=0.0ms")
+
+
 def answered(**fields) -> Answered:
     defaults = dict(method="POST", path="/v1/chat/completions", route="/v1/chat/completions", remote="::1",
                     model="qwen", status=200, seconds=0.5)
