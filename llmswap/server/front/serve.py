@@ -72,7 +72,7 @@ async def serve_fast(conn: Connection, request: FrontRequest, plan: FastPlan) ->
         # The route's pattern is its path: every fast route is a plain one.
         report(Answered(request.method, request.path, plan.route.path, request.remote, record.model, status,
                         time.monotonic() - record.started, record.waited, record.load, record.first_byte),
-               request.app.get(REQUEST_OBSERVERS, ()))
+               request.app[REQUEST_OBSERVERS])
 
 
 async def _serve(conn: Connection, request: FrontRequest, plan: FastPlan) -> web.StreamResponse:
