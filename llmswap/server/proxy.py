@@ -67,13 +67,13 @@ def openai_sse_error(status: int, message: str) -> bytes:
 
 def upstream_pool(app_or_state: web.Application | ServerState) -> UpstreamPool:
     """The server's pool, created on first use and kept in `state.extras["upstreams"]` (closed on cleanup)."""
-    server_state = app_or_state[STATE] if isinstance(app_or_state, web.Application) else app_or_state
+    server_state = app_or_state if isinstance(app_or_state, ServerState) else app_or_state[STATE]
     return server_state.extra(UPSTREAMS_KEY, UpstreamPool, UpstreamPool)
 
 
 def dispatcher(app_or_state: web.Application | ServerState) -> Dispatcher:
     """The server's dispatch path (over its pool and its live router), made on first use."""
-    server_state = app_or_state[STATE] if isinstance(app_or_state, web.Application) else app_or_state
+    server_state = app_or_state if isinstance(app_or_state, ServerState) else app_or_state[STATE]
     def make() -> Dispatcher:
         return Dispatcher(upstream_pool(server_state), lambda: server_state.router)
 

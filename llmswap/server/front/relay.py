@@ -9,7 +9,8 @@ event stream, a cut connection for any other body (never a truncated answer pass
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+import time
+from typing import NamedTuple, Protocol
 
 from aiohttp import hdrs, web
 
@@ -19,9 +20,9 @@ from llmswap.dispatch.pool import send
 from llmswap.server.errors import error_response
 from llmswap.server.front.request import FastPlan, FrontRequest
 from llmswap.server.front.wire import BodyWriter, Wire, prepared_head, send_whole
-from llmswap.server.inflight import note_relayed
+from llmswap.server.inflight import InflightEntry
 from llmswap.server.loading import dialect_for
-from llmswap.server.middleware import note_answering
+from llmswap.server.middleware import AccessRecord
 from llmswap.server.proxy import describe, is_event_stream, outgoing_headers, relayed_headers, upstream_url
 from llmswap.server.watchdog import Watchdog, WatchdogExpired
 
@@ -36,9 +37,19 @@ class Connection(Wire, Protocol):
     def cut(self) -> None: ...
 
 
-async def relay(conn: Connection, request: FrontRequest, plan: FastPlan, lease: Lease,
-                recording: Recording) -> web.StreamResponse:
+class Served(NamedTuple):
+    """What the front keeps of one request it serves: its access record, its recording, its in-flight entry
+    (the relay tells all three what went out)."""
+
+    record: AccessRecord
+    recording: Recording
+    entry: InflightEntry
+
+
+async def relay(conn: Connection, request: FrontRequest, plan: FastPlan, lease: Lease, served: Served
+                ) -> web.StreamResponse:
     """Send the planned request to the leased model and relay its answer; the response as sent."""
+    recording = served.recording
     headers = outgoing_headers(request)  # type: ignore[arg-type]  # reads headers and remote only
     body = plan.body
     if recording.wants_request_body:
@@ -67,7 +78,8 @@ async def relay(conn: Connection, request: FrontRequest, plan: FastPlan, lease: 
             response.headers["X-Accel-Buffering"] = "no"
         head, chunked = await prepared_head(request, response, conn)
         writer = BodyWriter(conn, head, chunked)
-        note_answering(request)  # type: ignore[arg-type]  # the head is as good as sent: no other answer
+        record, entry = served.record, served.entry
+        record.answering = True  # the head is as good as sent: no other answer
         while True:
             try:
                 reading = upstream.read_chunk()
@@ -83,7 +95,9 @@ async def relay(conn: Connection, request: FrontRequest, plan: FastPlan, lease: 
             if not chunk:
                 break
             await writer.write(chunk)
-            note_relayed(request, len(chunk))  # type: ignore[arg-type]
+            if record.first_byte is None:
+                record.first_byte = time.monotonic() - record.started
+            entry.resp_bytes += len(chunk)
             recording.chunk(chunk)
         writer.end()
         completed = True

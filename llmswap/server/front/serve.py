@@ -14,52 +14,41 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
 from aiohttp import web
 
-from llmswap.activity.recording import Recording
 from llmswap.dispatch.dispatcher import Lease
-from llmswap.router import AcquireOptions
 from llmswap.scheduler.errors import Preempted, SchedulerError
 from llmswap.server import guardrails
 from llmswap.server.activity_api import begin_http, finish_http
 from llmswap.server.cancel import CANCELLED_STATUS, cancelled_message
 from llmswap.server.errors import error_response, scheduler_error_response
-from llmswap.server.front.relay import Connection, relay
+from llmswap.server.front.relay import Connection, Served, relay
 from llmswap.server.front.request import FastPlan, FrontRequest
 from llmswap.server.front.wire import send_whole
 from llmswap.server.inflight import tracker_of
-from llmswap.server.middleware import (
-    ACCESS,
-    CLIENT_GONE,
-    REQUEST_OBSERVERS,
-    AccessRecord,
-    Answered,
-    answering,
-    note_load,
-    note_model,
-    note_wait,
-    report,
-)
+from llmswap.server.middleware import ACCESS, CLIENT_GONE, REQUEST_OBSERVERS, AccessRecord, Answered, report
 from llmswap.server.proxy import CLIENT_CLOSED_REQUEST, dispatcher
-from llmswap.server.state import STATE
 
 log = logging.getLogger("llmswap.server")
 
 
 async def serve_fast(conn: Connection, request: FrontRequest, plan: FastPlan) -> None:
     """Answer `request` as planned; the access log and the observers hear of it however it ends."""
-    record = AccessRecord(started=request.started)
+    # The front's own access record: it sets its fields itself (the note_* helpers are for handlers that
+    # only hold the request).
+    record = AccessRecord(model=plan.model.id, started=request.started)
     request[ACCESS] = record
     status = CLIENT_GONE  # what remains if the client leaves or the server cuts the request
     try:
-        status = (await _serve(conn, request, plan)).status
+        status = (await _serve(conn, request, plan, record)).status
     except ConnectionError:
         conn.cut()
     except Exception:
         status = 500
         log.exception("internal error while handling POST %s", request.path)
-        if answering(request):  # type: ignore[arg-type]
+        if record.answering:
             conn.cut()  # part of the answer is out: a second status line would corrupt it
         else:
             message = (f"internal error while handling POST {request.path}; the proxy log (/logs) has the "
@@ -75,19 +64,19 @@ async def serve_fast(conn: Connection, request: FrontRequest, plan: FastPlan) ->
                request.app[REQUEST_OBSERVERS])
 
 
-async def _serve(conn: Connection, request: FrontRequest, plan: FastPlan) -> web.StreamResponse:
+async def _serve(conn: Connection, request: FrontRequest, plan: FastPlan, record: AccessRecord
+                 ) -> web.StreamResponse:
     """One frame for the request in flight, as `cancel.served` is on the aiohttp path: its in-flight entry,
     a cancel of that entry turned into a clean end, its recording finished with what was answered."""
     model = plan.model
-    note_model(request, model.id)  # type: ignore[arg-type]
     recording = begin_http(request, model=model.id, requested=plan.requested,  # type: ignore[arg-type]
                            req_path=plan.route.upstream_path)
     task = asyncio.current_task()
-    tracker = tracker_of(request.app[STATE])
+    tracker = tracker_of(plan.state)
     entry = tracker.open(request, model.id, None, task)  # type: ignore[arg-type]
     response: web.StreamResponse | None = None
     try:
-        response = await _leased(conn, request, plan, recording)
+        response = await _leased(conn, request, plan, Served(record, recording, entry))
         return response
     except asyncio.CancelledError:
         if not entry.cancelled or conn.gone or task is None:
@@ -96,7 +85,7 @@ async def _serve(conn: Connection, request: FrontRequest, plan: FastPlan) -> web
         message = cancelled_message(entry.id)
         log.info("%s %s: %s", request.method, request.path, message)
         recording.fail(CANCELLED_STATUS, message)
-        if answering(request):  # type: ignore[arg-type]
+        if record.answering:
             conn.cut()  # never a complete-looking truncated body
             response = web.Response(status=CANCELLED_STATUS)
         else:
@@ -107,31 +96,24 @@ async def _serve(conn: Connection, request: FrontRequest, plan: FastPlan) -> web
         finish_http(recording, response)
 
 
-async def _leased(conn: Connection, request: FrontRequest, plan: FastPlan, recording: Recording
+async def _leased(conn: Connection, request: FrontRequest, plan: FastPlan, served: Served
                   ) -> web.StreamResponse:
-    model = plan.model
-    load = 0.0  # seconds of its wait its model spent loading (the router says, once granted)
-
-    def on_granted(seconds: float) -> None:
-        nonlocal load
-        load = seconds
-        note_load(request, seconds)  # type: ignore[arg-type]
-
-    key = plan.key
+    model_id = plan.model.id
+    record = served.record
     try:
-        asking = AcquireOptions(
-            priority=plan.priority,
-            api_key=key.key if key is not None else None,
-            deadline_ms=plan.deadline_ms or model.deadline_ms or None,
-            on_granted=on_granted,
-        )
-        leases = dispatcher(request.app[STATE])
-        held = leases.lease_now(model.id, asking, origin="http", router=plan.router)
+        leases = dispatcher(plan.state)
+        held = leases.lease_now(model_id, plan.asking, origin="http", router=plan.router)
         if held is None:  # it must wait (loading, busy, queued, a deadline): the router's queue
-            async with leases.lease(model.id, asking, origin="http", router=plan.router) as lease:
-                return await _granted(conn, request, plan, lease, recording, load)
+
+            def on_granted(seconds: float) -> None:
+                record.load = seconds  # of its wait, its model spent this loading
+
+            asking = replace(plan.asking, on_granted=on_granted)
+            async with leases.lease(model_id, asking, origin="http", router=plan.router) as lease:
+                return await _granted(conn, request, plan, lease, served)
+        record.load = 0.0  # granted at once: nothing loaded for it
         try:
-            response = await _granted(conn, request, plan, held.lease, recording, 0.0)
+            response = await _granted(conn, request, plan, held.lease, served)
         except BaseException as exc:
             preempted = held.release(exc)
             if preempted is not None:
@@ -140,16 +122,18 @@ async def _leased(conn: Connection, request: FrontRequest, plan: FastPlan, recor
         held.release()
         return response
     except SchedulerError as err:
-        recording.fail(err.status, err.message)
-        if isinstance(err, Preempted) and answering(request):  # type: ignore[arg-type]
+        served.recording.fail(err.status, err.message)
+        if isinstance(err, Preempted) and record.answering:
             conn.cut()  # preempted mid-answer: a truncated answer must not pass for a complete one
             return web.Response(status=CLIENT_CLOSED_REQUEST)
         return await send_whole(request, scheduler_error_response(request, err), conn)  # type: ignore[arg-type]
 
 
-async def _granted(conn: Connection, request: FrontRequest, plan: FastPlan, lease: Lease,
-                   recording: Recording, load: float) -> web.StreamResponse:
-    note_wait(request, lease.waited)  # type: ignore[arg-type]
-    recording.waited(max(0.0, lease.waited - load), load or None)
+async def _granted(conn: Connection, request: FrontRequest, plan: FastPlan, lease: Lease, served: Served
+                   ) -> web.StreamResponse:
+    record = served.record
+    record.waited = waited = lease.waited
+    load = record.load or 0.0
+    served.recording.waited(max(0.0, waited - load), load or None)
     await guardrails.learn_reported_context(request.app, lease.config, lease.upstream)
-    return await relay(conn, request, plan, lease, recording)
+    return await relay(conn, request, plan, lease, served)
