@@ -127,8 +127,15 @@ async def _serve(options: DemoOptions, started_at: float) -> int:
     def after(seconds: float, callback: Callable[[], None]) -> None:
         loop.call_later(max(0.0, started_at + seconds - time.monotonic()), callback)
 
+    def healthy_when_file() -> None:
+        gate = options.healthy_when
+        if gate is None or gate.exists():
+            become_healthy()
+        else:
+            loop.call_later(0.02, healthy_when_file)
+
     if not options.never_healthy:
-        after(options.startup_delay, become_healthy)
+        after(options.startup_delay, healthy_when_file)
     if options.exit_after is not None:
         after(options.exit_after, crash)
     try:

@@ -19,6 +19,7 @@ class DemoOptions:
     tokens_per_second: float = 0.0  # 0 = as fast as possible
     exit_after: float | None = None
     never_healthy: bool = False
+    healthy_when: Path | None = None  # stays unhealthy until this file exists
     ignore_sigterm: bool = False
     echo: bool = False
     spawn_grandchild: bool = False
@@ -90,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--exit-after", type=_seconds, metavar="S", help="exit with code 3 S seconds after start (a crash)"
     )
     knobs.add_argument("--never-healthy", action="store_true", help="/health answers 503 forever")
+    knobs.add_argument(
+        "--healthy-when", type=Path, metavar="FILE",
+        help="/health answers 503 until FILE exists (and the startup delay has passed)",
+    )
     knobs.add_argument("--ignore-sigterm", action="store_true", help="ignore SIGTERM (only SIGKILL stops it)")
     knobs.add_argument(
         "--echo",
@@ -137,6 +142,7 @@ def parse_options(argv: Sequence[str] | None = None) -> DemoOptions:
         tokens_per_second=args.tokens_per_second,
         exit_after=args.exit_after,
         never_healthy=args.never_healthy,
+        healthy_when=args.healthy_when,
         ignore_sigterm=args.ignore_sigterm,
         echo=args.echo,
         spawn_grandchild=args.spawn_grandchild,

@@ -3,6 +3,7 @@
 import asyncio
 import re
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -67,6 +68,20 @@ async def test_never_healthy_keeps_answering_503(http: aiohttp.ClientSession) ->
         async with http.get(f"{demo.url}/v1/models") as response:
             assert response.status == 200
         assert not any("first healthy" in line for line in demo.stdout_lines)
+
+
+async def test_healthy_when_waits_for_its_file(http: aiohttp.ClientSession, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    async with running_demo("gated", ["--healthy-when", str(gate)], wait_until="listening") as demo:
+        for _ in range(10):
+            assert await health(http, demo) == (503, {"status": "loading"})
+            await asyncio.sleep(0.01)
+        gate.touch()
+        deadline = asyncio.get_running_loop().time() + 15
+        while (await health(http, demo))[0] != 200:
+            assert asyncio.get_running_loop().time() < deadline, f"not healthy within 15 s\n{demo.output()}"
+            await asyncio.sleep(0.01)
+        await demo.wait_for_output("first healthy response")
 
 
 async def test_the_demo_listens_on_the_port_it_is_given(http: aiohttp.ClientSession) -> None:

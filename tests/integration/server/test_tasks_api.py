@@ -29,8 +29,11 @@ from tests.integration.server.conftest import ServeConfig
 TYPES = {"letters": "a", "research": "b", "summaries": "c"}
 
 
-def tasks_config(tmp_path: Path) -> Config:
-    models = {m: demo_config(m, "--startup-delay", "0.2") for m in ("a", "b", "c", "chat")}
+def tasks_config(tmp_path: Path, gate: Path | None = None) -> Config:
+    """With a `gate`, the task models stay loading until that file exists (the chat model does not wait)."""
+    held = ("--healthy-when", str(gate)) if gate is not None else ()
+    models = {m: demo_config(m, "--startup-delay", "0.2", *held) for m in ("a", "b", "c")}
+    models["chat"] = demo_config("chat", "--startup-delay", "0.2")
     # Task models swap among themselves; the interactive model runs beside them, so interactive traffic
     # never evicts a batch and every load seen below is the task queue's doing.
     groups = {
@@ -65,7 +68,8 @@ async def stats(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
 async def test_thirty_tasks_load_each_model_once_while_interactive_requests_are_served(
     tmp_path: Path, serve_config: ServeConfig, http: aiohttp.ClientSession
 ) -> None:
-    served = await serve_config(tasks_config(tmp_path))
+    gate = tmp_path / "gate"  # the first model stays loading until every task is in: one batch per type
+    served = await serve_config(tasks_config(tmp_path, gate))
     loads: Counter[str] = Counter()
     served.router.add_observer(
         lambda e: loads.update([e.model]) if getattr(e, "kind", "") == "starting" else None
@@ -74,8 +78,9 @@ async def test_thirty_tasks_load_each_model_once_while_interactive_requests_are_
     ids = [(await submit(http, served.url, task_type))["id"] for _ in range(10) for task_type in TYPES]
     cancelled = (await submit(http, served.url, "summaries"))["id"]
     async with http.delete(f"{served.url}/api/tasks/{cancelled}") as resp:
-        assert resp.status == 200  # summaries run last (or at least not before this): still queued
+        assert resp.status == 200  # no task model is ready yet: still queued
         assert (await resp.json())["error"] == "cancelled"
+    gate.touch()
 
     body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     for _ in range(3):  # interactive traffic while the batches run

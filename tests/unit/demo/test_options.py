@@ -16,7 +16,7 @@ def test_every_knob_is_parsed() -> None:
             "--port", "0", "--model-name", "m", "--host", "127.0.0.2", "--startup-delay", "0.5",
             "--tokens-per-second", "20", "--exit-after", "3", "--never-healthy", "--ignore-sigterm", "--echo",
             "--spawn-grandchild", "--fake-vram", "2GB", "--fake-gpu-dir", "/tmp/gpu",
-            "--fake-gpu-total", "8GiB", "--log-requests",
+            "--fake-gpu-total", "8GiB", "--log-requests", "--healthy-when", "/tmp/gate",
         ]
     )  # fmt: skip
     assert options == DemoOptions(
@@ -27,6 +27,7 @@ def test_every_knob_is_parsed() -> None:
         tokens_per_second=20.0,
         exit_after=3.0,
         never_healthy=True,
+        healthy_when=Path("/tmp/gate"),
         ignore_sigterm=True,
         echo=True,
         spawn_grandchild=True,
