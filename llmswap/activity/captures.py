@@ -12,8 +12,7 @@ import json
 import zlib
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 MIB = 1024 * 1024
 REDACTED = "[REDACTED]"
@@ -58,10 +57,10 @@ def shown_response_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in redacted(headers).items() if name.lower() != "content-encoding"}
 
 
-@dataclass(frozen=True)
-class Capture:
+class Capture(NamedTuple):
     """One request's capture. As recorded, the headers are the mappings the request and the answer came
-    with (nothing is copied per request); `shown` is what leaves the ring: credentials redacted."""
+    with (nothing is copied per request); `shown` is what leaves the ring: credentials redacted. A named
+    tuple: immutable, and cheap to build (one is built per request)."""
 
     id: int
     req_path: str
@@ -130,20 +129,24 @@ _ENTRY_OVERHEAD = 256  # what an uncompressed entry's objects cost beyond its by
 
 def raw_size(capture: Capture) -> int:
     """Bytes a capture holds before compression (bodies, headers, a rough allowance for the objects)."""
-    size = len(capture.req_body or b"") + len(capture.resp_body or b"") + _ENTRY_OVERHEAD
+    size = _ENTRY_OVERHEAD
+    if capture.req_body:
+        size += len(capture.req_body)
+    if capture.resp_body:
+        size += len(capture.resp_body)
     for headers in (capture.req_headers, capture.resp_headers):
         if headers:
-            size += sum(map(len, headers.keys())) + sum(map(len, headers.values()))
+            size += len("".join(headers.keys())) + len("".join(headers.values()))
     return size
 
 
 class CaptureRing:
     """Captures by activity id, oldest first, within `budget` bytes (0 = captures off); all but small ones
-    compressed."""
+    compressed. Each entry is kept with the size it was counted at, so evicting costs no recount."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
-        self._blobs: OrderedDict[int, bytes | Capture] = OrderedDict()
+        self._blobs: OrderedDict[int, tuple[bytes | Capture, int]] = OrderedDict()
         self.size = 0
 
     @property
@@ -159,7 +162,7 @@ class CaptureRing:
     def add(self, capture: Capture, raw: int | None = None) -> bool:
         """Keep `capture` (`raw`: its `raw_size` when known), evicting the oldest as needed; False when it is
         larger than the whole ring."""
-        if not self.enabled:
+        if self.budget <= 0:
             return False
         if raw is None:
             raw = raw_size(capture)
@@ -174,25 +177,22 @@ class CaptureRing:
     def _insert(self, activity_id: int, entry: bytes | Capture, size: int) -> bool:
         if size > self.budget:
             return False
-        old = self._blobs.pop(activity_id, None)
-        if old is not None:
-            self.size -= _size_of(old)
-        while self._blobs and self.size + size > self.budget:
-            _, evicted = self._blobs.popitem(last=False)
-            self.size -= _size_of(evicted)
-        self._blobs[activity_id] = entry
-        self.size += size
+        blobs = self._blobs
+        if activity_id in blobs:
+            self.size -= blobs.pop(activity_id)[1]
+        held = self.size + size
+        while blobs and held > self.budget:
+            held -= blobs.popitem(last=False)[1][1]
+        blobs[activity_id] = (entry, size)
+        self.size = held
         return True
 
     def get(self, activity_id: int) -> Capture | None:
         """The capture as shown (credentials redacted)."""
-        entry = self._blobs.get(activity_id)
-        if entry is None:
+        kept = self._blobs.get(activity_id)
+        if kept is None:
             return None
+        entry = kept[0]
         if isinstance(entry, Capture):
             return entry.shown()
         return Capture.decompress(entry)
-
-
-def _size_of(entry: bytes | Capture) -> int:
-    return raw_size(entry) if isinstance(entry, Capture) else len(entry)

@@ -106,20 +106,21 @@ class ActivityRecorder:
         await self.log.close()
 
     def begin(self, facts: RequestFacts) -> Recording:
-        return Recording(facts, next_id=self._next_id, done=self._done, capture_limit=self.captures.budget)
+        return Recording(facts, self, self.captures.budget)
 
-    def _next_id(self) -> int:
+    def next_id(self) -> int:
         return next(self._ids)
 
-    def _done(self, record: ActivityRecord, capture: Capture | None) -> None:
+    def keep(self, record: ActivityRecord, capture: Capture | None) -> None:
+        """A finished recording's row (into the log, then the listeners) and capture (into the ring)."""
         if capture is not None:
             try:
-                self._keep(capture)
+                self._keep_capture(capture)
             except Exception:
                 log.exception("activity: keeping the capture of request %d failed", record.id)
         self.log.add(record, self._stored)
 
-    def _keep(self, capture: Capture) -> None:
+    def _keep_capture(self, capture: Capture) -> None:
         raw = raw_size(capture)
         loop = _running_loop() if raw > OFFLOAD_CAPTURE else None
         if loop is None:
@@ -137,7 +138,7 @@ class ActivityRecorder:
         done.add_done_callback(keep)
 
     def _stored(self, record: ActivityRecord) -> None:
-        for listener in tuple(self.listeners):
+        for listener in self.listeners:
             try:
                 listener(record)
             except Exception:

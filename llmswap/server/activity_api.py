@@ -17,7 +17,7 @@ from llmswap.activity.record import ActivityRecord
 from llmswap.activity.recorder import ActivityRecorder, ActivitySettings
 from llmswap.activity.recording import Recording, RequestFacts
 from llmswap.activity.store import open_store
-from llmswap.config.model import Config
+from llmswap.config.model import ApiKey, Config
 from llmswap.router.base import BaseRouter
 from llmswap.server.errors import error_response
 from llmswap.server.eventbus import Event
@@ -42,20 +42,31 @@ def recorder_of(server_state: ServerState) -> ActivityRecorder:
 def key_name(request: web.Request) -> str:
     """Which configured key the request used, as `apiKeys[<index>]`: never the key itself."""
     key = request.get(API_KEY)
-    if key is None:
-        return ""
-    for index, candidate in enumerate(state(request).config.api_keys):
+    return "" if key is None else _key_name(state(request).config.api_keys, key)
+
+
+def _key_name(keys: tuple[ApiKey, ...], key: object) -> str:
+    for index, candidate in enumerate(keys):
+        if candidate is key:  # the usual case: auth found it in this config
+            return f"apiKeys[{index}]"
+    for index, candidate in enumerate(keys):  # found in the config before a reload
         if candidate == key:
             return f"apiKeys[{index}]"
     return ""
 
 
 def begin_http(request: web.Request, *, model: str, requested: str, req_path: str) -> Recording:
+    server_state = request.app[STATE]
+    key = request.get(API_KEY)
     facts = RequestFacts(
-        model=model, req_path=req_path, requested_model=requested, origin="http", key_name=key_name(request),
+        model=model, req_path=req_path, requested_model=requested, origin="http",
+        key_name="" if key is None else _key_name(server_state.config.api_keys, key),
         method=request.method, request_headers=request.headers,
     )
-    return recorder_of(state(request)).begin(facts)
+    recorder = server_state.extras.get(ACTIVITY_KEY)
+    if type(recorder) is not ActivityRecorder:
+        recorder = recorder_of(server_state)
+    return recorder.begin(facts)
 
 
 def finish_http(recording: Recording, response: web.StreamResponse | None) -> None:
