@@ -241,14 +241,14 @@ class Recording:
         else:
             tokens, duration = NO_TOKENS, wall_ms
         facts = self.facts
+        # Positional, one line per group of ActivityRecord's fields in their order: keywords would cost
+        # more than half of building it.
         record = ActivityRecord(
-            id=self._keeper.next_id(), timestamp=self.started + elapsed, model=facts.model,
-            req_path=facts.req_path, resp_status_code=status, resp_content_type=self._content_type,
-            tokens=tokens, duration_ms=duration, error_msg=message,
-            metadata=dict(facts.metadata) if facts.metadata else NO_METADATA,
-            requested_model=facts.requested_model or facts.model, origin=facts.origin,
-            key_name=facts.key_name, started=self.started, queue_ms=self._queue_ms, load_ms=self._load_ms,
-            ttfb_ms=self._ttfb_ms,
+            self._keeper.next_id(), self.started + elapsed, facts.model, facts.req_path,  # id, timestamp...
+            status, self._content_type, tokens, duration, message,  # resp_status_code ... error_msg
+            dict(facts.metadata) if facts.metadata else NO_METADATA,  # metadata
+            facts.requested_model or facts.model, facts.origin, facts.key_name,  # requested_model...
+            self.started, self._queue_ms, self._load_ms, self._ttfb_ms,  # started, queue_ms, load_ms, ttfb_ms
         )
         kept = self._kept_parts
         capture = None

@@ -58,11 +58,9 @@ def _key_name(keys: tuple[ApiKey, ...], key: object) -> str:
 def begin_http(request: web.Request, *, model: str, requested: str, req_path: str) -> Recording:
     server_state = request.app[STATE]
     key = request.get(API_KEY)
-    facts = RequestFacts(
-        model=model, req_path=req_path, requested_model=requested, origin="http",
-        key_name="" if key is None else _key_name(server_state.config.api_keys, key),
-        method=request.method, request_headers=request.headers,
-    )
+    name = "" if key is None else _key_name(server_state.config.api_keys, key)
+    # positional (cheaper): model, req_path, requested_model, origin, key_name, method, request_headers
+    facts = RequestFacts(model, req_path, requested, "http", name, request.method, request.headers)
     recorder = server_state.extras.get(ACTIVITY_KEY)
     if type(recorder) is not ActivityRecorder:
         recorder = recorder_of(server_state)
