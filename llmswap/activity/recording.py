@@ -48,6 +48,8 @@ class Keeper(Protocol):
 
     def keep(self, record: ActivityRecord, capture: Capture | None) -> None: ...
 
+    def settle_soon(self, recording: Recording) -> None: ...
+
 
 class StreamEnds:
     """The first `HEAD` and the last `TAIL`-or-so bytes of an event stream, read for tokens at its end.
@@ -97,6 +99,9 @@ class Recording:
         "_content_type",
         "_decode_error",
         "_decoder",
+        "_elapsed",
+        "_end_status",
+        "_error",
         "_failure",
         "_finished",
         "_keeper",
@@ -212,21 +217,40 @@ class Recording:
 
     def finish(self, status: int | None = None, *, content_type: str | None = None, body: bytes | None = None,
                error: str = "") -> ActivityRecord | None:
-        """End the recording. `status` defaults to the upstream's; `body`/`content_type` describe an answer
-        llmswap made itself (an error before or instead of the upstream's); `error` overrides the message."""
+        """End the recording, and keep its row (returned) and capture now. `status` defaults to the
+        upstream's; `body`/`content_type` describe an answer llmswap made itself (an error before or instead
+        of the upstream's); `error` overrides the message."""
+        return self.settle() if self._end(status, content_type, body, error) else None
+
+    def finish_soon(self, status: int | None = None, *, content_type: str | None = None,
+                    body: bytes | None = None, error: str = "") -> None:
+        """`finish`, with the row and capture kept a little later, together with other requests' (the
+        recorder's `settle_soon`): the end is taken now, the answer read then."""
+        if self._end(status, content_type, body, error):
+            self._keeper.settle_soon(self)
+
+    def _end(self, status: int | None, content_type: str | None, body: bytes | None, error: str) -> bool:
+        """Take the end now (time, status, the answer made instead of the upstream's); False when ended
+        before."""
         if self._finished:
-            return None
+            return False
         self._finished = True
-        elapsed = time.perf_counter() - self._started
-        wall_ms = int(elapsed * 1000)
-        if status is None:
-            status = self._status or 0
+        self._elapsed = time.perf_counter() - self._started
+        self._end_status = status if status is not None else (self._status or 0)
+        self._error = error
         if body is not None:
             self._parts, self._body_overflow, self._stream = [body], False, None
             self._content_type = content_type or self._content_type
+        return True
+
+    def settle(self) -> ActivityRecord:
+        """The row and capture of an ended recording, read from what it was told, handed to the keeper."""
+        elapsed = self._elapsed
+        wall_ms = int(elapsed * 1000)
+        status = self._end_status
         parts = self._parts
         whole = None if self._body_overflow else parts[0] if len(parts) == 1 else b"".join(parts)
-        message = error or self._failure
+        message = self._error or self._failure
         ok = status == 200 or status == 201
         if not ok:
             tokens, duration = NO_TOKENS, wall_ms

@@ -69,17 +69,18 @@ def begin_http(request: web.Request, *, model: str, requested: str, req_path: st
 
 def finish_http(recording: Recording, response: web.StreamResponse | None) -> None:
     """End `recording` with what was answered: the upstream's answer it saw pass, else the response
-    llmswap made itself, else (no response: the handler was cancelled) the client's leaving."""
+    llmswap made itself, else (no response: the handler was cancelled) the client's leaving. Its row and
+    capture are kept with the recorder's next batch (`finish_soon`): the routes below settle it first."""
     try:
         if recording.answered:
-            recording.finish()
+            recording.finish_soon()
         elif response is None:
-            recording.finish(CLIENT_GONE, error="the client went away before the answer")
+            recording.finish_soon(CLIENT_GONE, error="the client went away before the answer")
         elif isinstance(response, web.Response):
             body = response.body if isinstance(response.body, bytes) else None
-            recording.finish(response.status, content_type=response.content_type, body=body)
+            recording.finish_soon(response.status, content_type=response.content_type, body=body)
         else:
-            recording.finish(response.status, content_type=response.content_type)
+            recording.finish_soon(response.status, content_type=response.content_type)
     except Exception:
         log.exception("activity: recording a request failed")
 
@@ -93,6 +94,7 @@ async def activity(request: web.Request) -> web.Response:
     except QueryError as exc:
         return error_response(request, 400, str(exc))
     recorder = recorder_of(state(request))
+    recorder.settle()
     try:
         page = await recorder.log.page(query)
     except Exception:
@@ -103,8 +105,10 @@ async def activity(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     model = request.query.get("model", "").strip() or None
+    recorder = recorder_of(state(request))
+    recorder.settle()
     try:
-        body = await recorder_of(state(request)).log.stats(model)
+        body = await recorder.log.stats(model)
     except Exception:
         log.exception("activity: reading activity stats failed")
         return error_response(request, 500, "failed to get activity stats")
@@ -116,7 +120,9 @@ async def capture(request: web.Request) -> web.Response:
         activity_id = int(request.match_info["id"])
     except ValueError:
         return error_response(request, 400, "invalid capture ID")
-    found = recorder_of(state(request)).captures.get(activity_id)
+    recorder = recorder_of(state(request))
+    recorder.settle()
+    found = recorder.captures.get(activity_id)
     if found is None:
         return error_response(request, 404, "capture not found")
     return web.json_response(found.as_dict())

@@ -32,6 +32,7 @@ SPEED_BUCKETS = (1, 2.5, 5, 10, 20, 30, 50, 75, 100, 150, 250, 500, 1000, 2500, 
 class TokenMetrics:
     def __init__(self, server_state: ServerState) -> None:
         registry = metrics_of(server_state).registry
+        self.recorder = recorder_of(server_state)
         # model → [input, output, cached, drafted, accepted] (the order of KINDS), and when it was first seen
         self.counts: dict[str, list[int]] = {}
         self.created: dict[str, float] = {}
@@ -78,6 +79,8 @@ class _TokenCounts:
         self.metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
+        # Registered before the speed histograms: settling here updates them too before they are read.
+        self.metrics.recorder.settle()
         family = CounterMetricFamily("llmswap_tokens", HELP, labels=("model", "kind"))
         created = self.metrics.created
         for model, counts in list(self.metrics.counts.items()):
