@@ -11,7 +11,7 @@ import base64
 import json
 import zlib
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 MIB = 1024 * 1024
@@ -42,31 +42,49 @@ def parts_for(path: str) -> tuple[bool, bool, bool, bool]:
     return _PARTS.get(path, _ALL)
 
 
-def redacted(headers: Mapping[str, str]) -> dict[str, str]:
+Headers = Mapping[str, str] | str  # a mapping, or `packed`: its `name: value` lines
+
+
+def packed(headers: Mapping[str, str]) -> Headers:
+    """`headers` as one string of `name: value` lines, what a capture keeps: one object instead of a
+    mapping and two strings a header, which held by thousands of captures slow every request down (the
+    memory they keep is memory the next requests do not reuse while it is warm). The mapping itself when a
+    value holds a line break (no parser lets one through; this keeps such a capture right anyway)."""
+    text = "\n".join(map(": ".join, headers.items()))
+    return text if text.count("\n") == len(headers) - 1 or not headers else headers
+
+
+def _items(headers: Headers) -> Iterable[tuple[str, str]]:
+    if not isinstance(headers, str):
+        return headers.items()
+    return (tuple(line.split(": ", 1)) for line in headers.split("\n")) if headers else ()  # type: ignore[misc]
+
+
+def redacted(headers: Headers) -> dict[str, str]:
     """The first value of each header, credentials replaced by `[REDACTED]`."""
     shown: dict[str, str] = {}
-    for name, value in headers.items():
+    for name, value in _items(headers):
         if name not in shown:
             shown[name] = REDACTED if name.lower() in SECRET_HEADERS else value
     return shown
 
 
-def shown_response_headers(headers: Mapping[str, str]) -> dict[str, str]:
+def shown_response_headers(headers: Headers) -> dict[str, str]:
     """Response headers as a capture shows them: redacted, and without Content-Encoding (the body is kept
     decoded)."""
     return {name: value for name, value in redacted(headers).items() if name.lower() != "content-encoding"}
 
 
 class Capture(NamedTuple):
-    """One request's capture. As recorded, the headers are the mappings the request and the answer came
-    with (nothing is copied per request); `shown` is what leaves the ring: credentials redacted. A named
-    tuple: immutable, and cheap to build (one is built per request)."""
+    """One request's capture. As recorded, the headers are as the request and the answer came with them,
+    `packed`; `shown` is what leaves the ring: plain dicts, credentials redacted. A named tuple: immutable,
+    and cheap to build (one is built per request)."""
 
     id: int
     req_path: str
-    req_headers: Mapping[str, str] | None
+    req_headers: Headers | None
     req_body: bytes | None
-    resp_headers: Mapping[str, str] | None
+    resp_headers: Headers | None
     resp_body: bytes | None
 
     def shown(self) -> Capture:
@@ -135,7 +153,9 @@ def raw_size(capture: Capture) -> int:
     if capture.resp_body:
         size += len(capture.resp_body)
     for headers in (capture.req_headers, capture.resp_headers):
-        if headers:
+        if isinstance(headers, str):
+            size += len(headers)
+        elif headers:
             size += len("".join(headers.keys())) + len("".join(headers.values()))
     return size
 

@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Mapping
 from typing import NamedTuple, Protocol
 
-from llmswap.activity.captures import Capture, parts_for
+from llmswap.activity.captures import Capture, packed, parts_for
 from llmswap.activity.record import NO_METADATA, ActivityRecord, error_message
 from llmswap.activity.tokens import NO_TOKENS, Reported, SseScanner, read_json_answer, token_stats
 
@@ -277,10 +277,12 @@ class Recording:
         kept = self._kept_parts
         capture = None
         if kept is not None and not (ok and self._decode_error):
-            # The capture as recorded: headers as given (`Capture.shown` redacts them), bodies as kept. A
+            # The capture as recorded: headers packed (`Capture.shown` redacts them), bodies as kept. A
             # failed answer's body is kept too (llama-swap drops it): it is what one opens a capture for.
-            capture = Capture(record.id, facts.req_path, facts.request_headers if kept[0] else None,
-                              self._request_body, self._raw_response_headers if kept[2] else None,
+            response_headers = self._raw_response_headers
+            capture = Capture(record.id, facts.req_path, packed(facts.request_headers) if kept[0] else None,
+                              self._request_body,
+                              packed(response_headers) if kept[2] and response_headers is not None else None,
                               whole if kept[3] else None)
         self._keeper.keep(record, capture)
         return record

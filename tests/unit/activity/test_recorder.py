@@ -6,8 +6,9 @@ import json
 import os
 
 import pytest
+from multidict import CIMultiDict
 
-from llmswap.activity.captures import MIB, REDACTED, Capture, CaptureRing
+from llmswap.activity.captures import MIB, REDACTED, Capture, CaptureRing, packed
 from llmswap.activity.query import ActivityQuery, QueryError, histogram, parse_query, percentile
 from llmswap.activity.recorder import SETTLE_BATCH, ActivityRecorder, ActivitySettings, MemoryLog
 from llmswap.activity.recording import RequestFacts
@@ -278,3 +279,16 @@ def test_finish_soon_without_an_event_loop_keeps_the_row_at_once():
     recorder = ActivityRecorder()
     answered(recorder, 5).finish_soon()
     assert [r.tokens.input_tokens for r in rows(recorder)] == [5]
+
+
+def test_captured_headers_are_packed_and_shown_redacted_with_their_first_values():
+    headers = CIMultiDict([("Authorization", "Bearer sk"), ("X-Trace", "a: b"), ("X-Trace", "c"),
+                           ("X-Empty", "")])
+    kept = packed(headers)
+    assert isinstance(kept, str)
+    capture = Capture(1, CHAT, kept, b"{}", packed({}), None)
+    assert capture.shown().req_headers == {"Authorization": REDACTED, "X-Trace": "a: b", "X-Empty": ""}
+    assert capture.shown().resp_headers == {}
+    assert Capture.decompress(capture.compress()) == capture.shown()
+    odd = {"X-Odd": "one\ntwo"}  # no parser lets a line break through; kept right all the same
+    assert packed(odd) is odd and Capture(2, CHAT, packed(odd), None, None, None).shown().req_headers == odd
