@@ -31,6 +31,7 @@ DEFAULT_CAPTURE_MB = 5
 # stay in the CPU's caches).
 SETTLE_BATCH = 64
 SETTLE_AFTER = 0.05  # seconds
+SETTLE_BYTES = 1024 * 1024  # or once the answers they hold add up to this (an embedding can be megabytes)
 
 ActivityListener = Callable[[ActivityRecord], None]
 
@@ -90,6 +91,7 @@ class ActivityRecorder:
         self.listeners: list[ActivityListener] = []
         self._ids = itertools.count(first_id)
         self._ended: list[Recording] = []  # ended with `finish_soon`, not yet settled
+        self._ended_bytes = 0  # the answers they hold
         self._settling: asyncio.TimerHandle | None = None
 
     @staticmethod
@@ -120,7 +122,8 @@ class ActivityRecorder:
         """Keep `recording`'s row and capture with the next batch (see SETTLE_BATCH)."""
         ended = self._ended
         ended.append(recording)
-        if len(ended) >= SETTLE_BATCH:
+        self._ended_bytes += recording.held
+        if len(ended) >= SETTLE_BATCH or self._ended_bytes >= SETTLE_BYTES:
             self.settle()
         elif self._settling is None:
             loop = _running_loop()
@@ -139,6 +142,7 @@ class ActivityRecorder:
         if not ended:
             return
         self._ended = []
+        self._ended_bytes = 0
         for recording in ended:
             try:
                 recording.settle()

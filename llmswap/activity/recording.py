@@ -229,6 +229,11 @@ class Recording:
         if self._end(status, content_type, body, error):
             self._keeper.settle_soon(self)
 
+    @property
+    def held(self) -> int:
+        """Bytes of the answer held for reading and capture."""
+        return 0 if self._body_overflow else self._size
+
     def _end(self, status: int | None, content_type: str | None, body: bytes | None, error: str) -> bool:
         """Take the end now (time, status, the answer made instead of the upstream's); False when ended
         before."""

@@ -10,7 +10,13 @@ from multidict import CIMultiDict
 
 from llmswap.activity.captures import MIB, REDACTED, Capture, CaptureRing, packed
 from llmswap.activity.query import ActivityQuery, QueryError, histogram, parse_query, percentile
-from llmswap.activity.recorder import SETTLE_BATCH, ActivityRecorder, ActivitySettings, MemoryLog
+from llmswap.activity.recorder import (
+    SETTLE_BATCH,
+    SETTLE_BYTES,
+    ActivityRecorder,
+    ActivitySettings,
+    MemoryLog,
+)
 from llmswap.activity.recording import RequestFacts
 
 CHAT = "/v1/chat/completions"
@@ -292,3 +298,14 @@ def test_captured_headers_are_packed_and_shown_redacted_with_their_first_values(
     assert Capture.decompress(capture.compress()) == capture.shown()
     odd = {"X-Odd": "one\ntwo"}  # no parser lets a line break through; kept right all the same
     assert packed(odd) is odd and Capture(2, CHAT, packed(odd), None, None, None).shown().req_headers == odd
+
+
+async def test_answers_finished_soon_are_not_held_beyond_a_bound_of_bytes():
+    recorder = ActivityRecorder()
+    small = answered(recorder)
+    small.finish_soon()
+    large = recorder.begin(facts())
+    large.response_headers(200, {"Content-Type": "application/json"})
+    large.chunk(b'{"data": "' + b"x" * SETTLE_BYTES + b'", "usage": {"prompt_tokens": 9}}')
+    large.finish_soon()
+    assert [r.tokens.input_tokens for r in rows(recorder)] == [1, 9]  # kept at once, with the one before
