@@ -11,9 +11,8 @@ import base64
 import json
 import zlib
 from collections import OrderedDict
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 MIB = 1024 * 1024
 REDACTED = "[REDACTED]"
@@ -43,31 +42,49 @@ def parts_for(path: str) -> tuple[bool, bool, bool, bool]:
     return _PARTS.get(path, _ALL)
 
 
-def redacted(headers: Mapping[str, str]) -> dict[str, str]:
+Headers = Mapping[str, str] | str  # a mapping, or `packed`: its `name: value` lines
+
+
+def packed(headers: Mapping[str, str]) -> Headers:
+    """`headers` as one string of `name: value` lines, what a capture keeps: one object instead of a
+    mapping and two strings a header, which held by thousands of captures slow every request down (the
+    memory they keep is memory the next requests do not reuse while it is warm). The mapping itself when a
+    value holds a line break (no parser lets one through; this keeps such a capture right anyway)."""
+    text = "\n".join(map(": ".join, headers.items()))
+    return text if text.count("\n") == len(headers) - 1 or not headers else headers
+
+
+def _items(headers: Headers) -> Iterable[tuple[str, str]]:
+    if not isinstance(headers, str):
+        return headers.items()
+    return (tuple(line.split(": ", 1)) for line in headers.split("\n")) if headers else ()  # type: ignore[misc]
+
+
+def redacted(headers: Headers) -> dict[str, str]:
     """The first value of each header, credentials replaced by `[REDACTED]`."""
     shown: dict[str, str] = {}
-    for name, value in headers.items():
+    for name, value in _items(headers):
         if name not in shown:
             shown[name] = REDACTED if name.lower() in SECRET_HEADERS else value
     return shown
 
 
-def shown_response_headers(headers: Mapping[str, str]) -> dict[str, str]:
+def shown_response_headers(headers: Headers) -> dict[str, str]:
     """Response headers as a capture shows them: redacted, and without Content-Encoding (the body is kept
     decoded)."""
     return {name: value for name, value in redacted(headers).items() if name.lower() != "content-encoding"}
 
 
-@dataclass(frozen=True)
-class Capture:
-    """One request's capture. As recorded, the headers are the mappings the request and the answer came
-    with (nothing is copied per request); `shown` is what leaves the ring: credentials redacted."""
+class Capture(NamedTuple):
+    """One request's capture. As recorded, the headers are as the request and the answer came with them,
+    `packed`; `shown` is what leaves the ring: plain dicts, credentials redacted. A named tuple: immutable,
+    and cheap to build (one is built per request)."""
 
     id: int
     req_path: str
-    req_headers: Mapping[str, str] | None
+    req_headers: Headers | None
     req_body: bytes | None
-    resp_headers: Mapping[str, str] | None
+    resp_headers: Headers | None
     resp_body: bytes | None
 
     def shown(self) -> Capture:
@@ -130,20 +147,26 @@ _ENTRY_OVERHEAD = 256  # what an uncompressed entry's objects cost beyond its by
 
 def raw_size(capture: Capture) -> int:
     """Bytes a capture holds before compression (bodies, headers, a rough allowance for the objects)."""
-    size = len(capture.req_body or b"") + len(capture.resp_body or b"") + _ENTRY_OVERHEAD
+    size = _ENTRY_OVERHEAD
+    if capture.req_body:
+        size += len(capture.req_body)
+    if capture.resp_body:
+        size += len(capture.resp_body)
     for headers in (capture.req_headers, capture.resp_headers):
-        if headers:
-            size += sum(map(len, headers.keys())) + sum(map(len, headers.values()))
+        if isinstance(headers, str):
+            size += len(headers)
+        elif headers:
+            size += len("".join(headers.keys())) + len("".join(headers.values()))
     return size
 
 
 class CaptureRing:
     """Captures by activity id, oldest first, within `budget` bytes (0 = captures off); all but small ones
-    compressed."""
+    compressed. Each entry is kept with the size it was counted at, so evicting costs no recount."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
-        self._blobs: OrderedDict[int, bytes | Capture] = OrderedDict()
+        self._blobs: OrderedDict[int, tuple[bytes | Capture, int]] = OrderedDict()
         self.size = 0
 
     @property
@@ -159,7 +182,7 @@ class CaptureRing:
     def add(self, capture: Capture, raw: int | None = None) -> bool:
         """Keep `capture` (`raw`: its `raw_size` when known), evicting the oldest as needed; False when it is
         larger than the whole ring."""
-        if not self.enabled:
+        if self.budget <= 0:
             return False
         if raw is None:
             raw = raw_size(capture)
@@ -174,25 +197,22 @@ class CaptureRing:
     def _insert(self, activity_id: int, entry: bytes | Capture, size: int) -> bool:
         if size > self.budget:
             return False
-        old = self._blobs.pop(activity_id, None)
-        if old is not None:
-            self.size -= _size_of(old)
-        while self._blobs and self.size + size > self.budget:
-            _, evicted = self._blobs.popitem(last=False)
-            self.size -= _size_of(evicted)
-        self._blobs[activity_id] = entry
-        self.size += size
+        blobs = self._blobs
+        if activity_id in blobs:
+            self.size -= blobs.pop(activity_id)[1]
+        held = self.size + size
+        while blobs and held > self.budget:
+            held -= blobs.popitem(last=False)[1][1]
+        blobs[activity_id] = (entry, size)
+        self.size = held
         return True
 
     def get(self, activity_id: int) -> Capture | None:
         """The capture as shown (credentials redacted)."""
-        entry = self._blobs.get(activity_id)
-        if entry is None:
+        kept = self._blobs.get(activity_id)
+        if kept is None:
             return None
+        entry = kept[0]
         if isinstance(entry, Capture):
             return entry.shown()
         return Capture.decompress(entry)
-
-
-def _size_of(entry: bytes | Capture) -> int:
-    return raw_size(entry) if isinstance(entry, Capture) else len(entry)

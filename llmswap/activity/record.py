@@ -8,28 +8,32 @@ llama-swap's UI ignores and llmswap's shows.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from http import HTTPStatus
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
-from llmswap.activity.tokens import TokenStats
+from llmswap.activity.tokens import NO_TOKENS, TokenStats
 
 ERROR_TEXT_LIMIT = 500
+NO_METADATA: Mapping[str, str] = MappingProxyType({})
 
 
-@dataclass(frozen=True)
-class ActivityRecord:
+class ActivityRecord(NamedTuple):
+    """One row. A named tuple: immutable like a frozen dataclass, and built in a fraction of its time (one
+    is built per request)."""
+
     id: int
     timestamp: float  # wall clock when the row was recorded (the request's end)
     model: str  # the model that served: a local model's id, or the name a peer was asked for
     req_path: str
     resp_status_code: int
     resp_content_type: str = ""
-    tokens: TokenStats = field(default_factory=TokenStats)
+    tokens: TokenStats = NO_TOKENS
     duration_ms: int = 0
     error_msg: str = ""
-    metadata: dict[str, str] = field(default_factory=dict)
+    metadata: Mapping[str, str] = NO_METADATA
     # llmswap's own
     requested_model: str = ""  # as the client named it (an alias, a selector...)
     origin: str = "http"  # "http" | "task" | "batch"

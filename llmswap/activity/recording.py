@@ -12,23 +12,24 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from typing import NamedTuple, Protocol
 
-from llmswap.activity.captures import Capture, parts_for
-from llmswap.activity.record import ActivityRecord, error_message
-from llmswap.activity.tokens import NOTHING_REPORTED, Reported, SseScanner, read_json_answer, token_stats
+from llmswap.activity.captures import Capture, packed, parts_for
+from llmswap.activity.record import NO_METADATA, ActivityRecord, error_message
+from llmswap.activity.tokens import NO_TOKENS, Reported, SseScanner, read_json_answer, token_stats
 
 JSON_BODY_LIMIT = 16 * 1024 * 1024  # a whole (non-stream) answer larger than this is not read for tokens
 # A stream is held for its capture up to this (or 4x the ring, if smaller: it compresses well, but many
 # streams at once must not each hold megabytes); a longer one's capture keeps no response body.
 STREAM_CAPTURE_LIMIT = 8 * 1024 * 1024
 _DECODABLE = ("gzip", "x-gzip", "deflate")
+NO_HEADERS: Mapping[str, str] = NO_METADATA  # an empty, read-only mapping
 
 
-@dataclass(frozen=True)
-class RequestFacts:
-    """What is known about a request when its recording begins."""
+class RequestFacts(NamedTuple):
+    """What is known about a request when its recording begins (a named tuple: one is built per
+    request)."""
 
     model: str  # the model that serves it (local id, or the name a peer is asked for)
     req_path: str
@@ -36,8 +37,18 @@ class RequestFacts:
     origin: str = "http"
     key_name: str = ""
     method: str = "POST"
-    request_headers: Mapping[str, str] = field(default_factory=dict)
-    metadata: Mapping[str, str] = field(default_factory=dict)
+    request_headers: Mapping[str, str] = NO_HEADERS
+    metadata: Mapping[str, str] = NO_METADATA
+
+
+class Keeper(Protocol):
+    """Where a finished recording goes (the `ActivityRecorder`)."""
+
+    def next_id(self) -> int: ...
+
+    def keep(self, record: ActivityRecord, capture: Capture | None) -> None: ...
+
+    def settle_soon(self, recording: Recording) -> None: ...
 
 
 class StreamEnds:
@@ -88,12 +99,15 @@ class Recording:
         "_content_type",
         "_decode_error",
         "_decoder",
-        "_done",
+        "_elapsed",
+        "_end_status",
+        "_error",
         "_failure",
         "_finished",
+        "_keeper",
+        "_kept_parts",
         "_limit",
         "_load_ms",
-        "_next_id",
         "_parts",
         "_queue_ms",
         "_raw_response_headers",
@@ -107,14 +121,15 @@ class Recording:
         "started",
     )
 
-    def __init__(self, facts: RequestFacts, *, next_id: Callable[[], int],
-                 done: Callable[[ActivityRecord, Capture | None], None], capture_limit: int) -> None:
+    def __init__(self, facts: RequestFacts, keeper: Keeper, capture_limit: int) -> None:
         self.facts = facts
-        self._next_id = next_id
-        self._done = done
+        self._keeper = keeper
         self.started = time.time()
         self._started = time.perf_counter()
         self._capture_limit = capture_limit  # 0: no capture
+        # What a capture of this route keeps (request headers, request body, response headers, response
+        # body); None: no capture.
+        self._kept_parts = parts_for(facts.req_path) if capture_limit > 0 else None
         self._request_body: bytes | None = None
         self._queue_ms: int | None = None
         self._load_ms: int | None = None
@@ -132,18 +147,17 @@ class Recording:
         self._finished = False
         self._failure = ""
 
-    def _keeps(self, part: int) -> bool:
-        return self._capture_limit > 0 and parts_for(self.facts.req_path)[part]
-
     @property
     def wants_request_body(self) -> bool:
         """Whether `request_body` keeps what it is given (the caller may skip building it otherwise)."""
-        return self._keeps(1)
+        kept = self._kept_parts
+        return kept is not None and kept[1]
 
     def request_body(self, body: bytes | bytearray) -> None:
         """The body as sent upstream (after filters)."""
-        if len(body) <= self._capture_limit and self._keeps(1):
-            self._request_body = bytes(body)
+        kept = self._kept_parts
+        if kept is not None and kept[1] and len(body) <= self._capture_limit:
+            self._request_body = body if type(body) is bytes else bytes(body)
 
     def waited(self, queue_seconds: float | None, load_seconds: float | None = None) -> None:
         """Time spent behind other requests, and waiting for a model load this request caused or joined."""
@@ -175,7 +189,8 @@ class Recording:
         if "text/event-stream" in content_type.lower():
             self._stream = StreamEnds()
             # A stream's tokens are read from its ends; its whole body is held only for a capture.
-            self._limit = min(self._capture_limit * 4, STREAM_CAPTURE_LIMIT) if self._keeps(3) else 0
+            kept = self._kept_parts
+            self._limit = min(self._capture_limit * 4, STREAM_CAPTURE_LIMIT) if kept and kept[3] else 0
 
     def chunk(self, data: bytes) -> None:
         """Bytes of the answer as they went to the client."""
@@ -200,59 +215,79 @@ class Recording:
         else:
             self._parts.append(data)
 
-    def _whole(self) -> bytes | None:
-        if self._body_overflow:
-            return None
-        parts = self._parts
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
     def finish(self, status: int | None = None, *, content_type: str | None = None, body: bytes | None = None,
                error: str = "") -> ActivityRecord | None:
-        """End the recording. `status` defaults to the upstream's; `body`/`content_type` describe an answer
-        llmswap made itself (an error before or instead of the upstream's); `error` overrides the message."""
+        """End the recording, and keep its row (returned) and capture now. `status` defaults to the
+        upstream's; `body`/`content_type` describe an answer llmswap made itself (an error before or instead
+        of the upstream's); `error` overrides the message."""
+        return self.settle() if self._end(status, content_type, body, error) else None
+
+    def finish_soon(self, status: int | None = None, *, content_type: str | None = None,
+                    body: bytes | None = None, error: str = "") -> None:
+        """`finish`, with the row and capture kept a little later, together with other requests' (the
+        recorder's `settle_soon`): the end is taken now, the answer read then."""
+        if self._end(status, content_type, body, error):
+            self._keeper.settle_soon(self)
+
+    @property
+    def held(self) -> int:
+        """Bytes of the answer held for reading and capture."""
+        return 0 if self._body_overflow else self._size
+
+    def _end(self, status: int | None, content_type: str | None, body: bytes | None, error: str) -> bool:
+        """Take the end now (time, status, the answer made instead of the upstream's); False when ended
+        before."""
         if self._finished:
-            return None
+            return False
         self._finished = True
-        wall_ms = int((time.perf_counter() - self._started) * 1000)
-        status = status if status is not None else (self._status or 0)
+        self._elapsed = time.perf_counter() - self._started
+        self._end_status = status if status is not None else (self._status or 0)
+        self._error = error
         if body is not None:
             self._parts, self._body_overflow, self._stream = [body], False, None
             self._content_type = content_type or self._content_type
-        whole = self._whole()
-        reported = NOTHING_REPORTED
-        message = error or self._failure
-        if status != 200 and status != 201:
+        return True
+
+    def settle(self) -> ActivityRecord:
+        """The row and capture of an ended recording, read from what it was told, handed to the keeper."""
+        elapsed = self._elapsed
+        wall_ms = int(elapsed * 1000)
+        status = self._end_status
+        parts = self._parts
+        whole = None if self._body_overflow else parts[0] if len(parts) == 1 else b"".join(parts)
+        message = self._error or self._failure
+        ok = status == 200 or status == 201
+        if not ok:
+            tokens, duration = NO_TOKENS, wall_ms
             message = message or error_message(status, whole)
         elif self._decode_error:
+            tokens, duration = NO_TOKENS, wall_ms
             message = message or self._decode_error
         elif self._stream is not None:
-            reported = self._stream.reported()
+            tokens, duration = token_stats(self._stream.reported(), wall_ms)
         elif whole:
-            reported = read_json_answer(whole, self.facts.req_path)
-        tokens, duration = token_stats(reported, wall_ms)
+            tokens, duration = token_stats(read_json_answer(whole, self.facts.req_path), wall_ms)
+        else:
+            tokens, duration = NO_TOKENS, wall_ms
         facts = self.facts
+        # Positional, one line per group of ActivityRecord's fields in their order: keywords would cost
+        # more than half of building it.
         record = ActivityRecord(
-            id=self._next_id(), timestamp=time.time(), model=facts.model, req_path=facts.req_path,
-            resp_status_code=status, resp_content_type=self._content_type, tokens=tokens,
-            duration_ms=duration, error_msg=message, metadata=dict(facts.metadata) if facts.metadata else {},
-            requested_model=facts.requested_model or facts.model,
-            origin=facts.origin, key_name=facts.key_name, started=self.started, queue_ms=self._queue_ms,
-            load_ms=self._load_ms, ttfb_ms=self._ttfb_ms,
+            self._keeper.next_id(), self.started + elapsed, facts.model, facts.req_path,  # id, timestamp...
+            status, self._content_type, tokens, duration, message,  # resp_status_code ... error_msg
+            dict(facts.metadata) if facts.metadata else NO_METADATA,  # metadata
+            facts.requested_model or facts.model, facts.origin, facts.key_name,  # requested_model...
+            self.started, self._queue_ms, self._load_ms, self._ttfb_ms,  # started, queue_ms, load_ms, ttfb_ms
         )
+        kept = self._kept_parts
         capture = None
-        if self._capture_limit > 0 and not ((status == 200 or status == 201) and self._decode_error):
-            capture = self._capture(record.id, whole)
-        self._done(record, capture)
+        if kept is not None and not (ok and self._decode_error):
+            # The capture as recorded: headers packed (`Capture.shown` redacts them), bodies as kept. A
+            # failed answer's body is kept too (llama-swap drops it): it is what one opens a capture for.
+            response_headers = self._raw_response_headers
+            capture = Capture(record.id, facts.req_path, packed(facts.request_headers) if kept[0] else None,
+                              self._request_body,
+                              packed(response_headers) if kept[2] and response_headers is not None else None,
+                              whole if kept[3] else None)
+        self._keeper.keep(record, capture)
         return record
-
-    def _capture(self, activity_id: int, body: bytes | None) -> Capture:
-        """The capture as recorded: headers as given (`Capture.shown` redacts them), bodies as kept."""
-        keep_req_headers, _, keep_resp_headers, keep_resp_body = parts_for(self.facts.req_path)
-        return Capture(
-            id=activity_id, req_path=self.facts.req_path,
-            req_headers=self.facts.request_headers if keep_req_headers else None,
-            req_body=self._request_body,
-            resp_headers=self._raw_response_headers if keep_resp_headers else None,
-            # A failed answer's body is kept too (llama-swap drops it): it is what one opens a capture for.
-            resp_body=body if keep_resp_body else None,
-        )

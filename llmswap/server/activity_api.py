@@ -17,7 +17,7 @@ from llmswap.activity.record import ActivityRecord
 from llmswap.activity.recorder import ActivityRecorder, ActivitySettings
 from llmswap.activity.recording import Recording, RequestFacts
 from llmswap.activity.store import open_store
-from llmswap.config.model import Config
+from llmswap.config.model import ApiKey, Config
 from llmswap.router.base import BaseRouter
 from llmswap.server.errors import error_response
 from llmswap.server.eventbus import Event
@@ -42,35 +42,45 @@ def recorder_of(server_state: ServerState) -> ActivityRecorder:
 def key_name(request: web.Request) -> str:
     """Which configured key the request used, as `apiKeys[<index>]`: never the key itself."""
     key = request.get(API_KEY)
-    if key is None:
-        return ""
-    for index, candidate in enumerate(state(request).config.api_keys):
+    return "" if key is None else _key_name(state(request).config.api_keys, key)
+
+
+def _key_name(keys: tuple[ApiKey, ...], key: object) -> str:
+    for index, candidate in enumerate(keys):
+        if candidate is key:  # the usual case: auth found it in this config
+            return f"apiKeys[{index}]"
+    for index, candidate in enumerate(keys):  # found in the config before a reload
         if candidate == key:
             return f"apiKeys[{index}]"
     return ""
 
 
 def begin_http(request: web.Request, *, model: str, requested: str, req_path: str) -> Recording:
-    facts = RequestFacts(
-        model=model, req_path=req_path, requested_model=requested, origin="http", key_name=key_name(request),
-        method=request.method, request_headers=request.headers,
-    )
-    return recorder_of(state(request)).begin(facts)
+    server_state = request.app[STATE]
+    key = request.get(API_KEY)
+    name = "" if key is None else _key_name(server_state.config.api_keys, key)
+    # positional (cheaper): model, req_path, requested_model, origin, key_name, method, request_headers
+    facts = RequestFacts(model, req_path, requested, "http", name, request.method, request.headers)
+    recorder = server_state.extras.get(ACTIVITY_KEY)
+    if type(recorder) is not ActivityRecorder:
+        recorder = recorder_of(server_state)
+    return recorder.begin(facts)
 
 
 def finish_http(recording: Recording, response: web.StreamResponse | None) -> None:
     """End `recording` with what was answered: the upstream's answer it saw pass, else the response
-    llmswap made itself, else (no response: the handler was cancelled) the client's leaving."""
+    llmswap made itself, else (no response: the handler was cancelled) the client's leaving. Its row and
+    capture are kept with the recorder's next batch (`finish_soon`): the routes below settle it first."""
     try:
         if recording.answered:
-            recording.finish()
+            recording.finish_soon()
         elif response is None:
-            recording.finish(CLIENT_GONE, error="the client went away before the answer")
+            recording.finish_soon(CLIENT_GONE, error="the client went away before the answer")
         elif isinstance(response, web.Response):
             body = response.body if isinstance(response.body, bytes) else None
-            recording.finish(response.status, content_type=response.content_type, body=body)
+            recording.finish_soon(response.status, content_type=response.content_type, body=body)
         else:
-            recording.finish(response.status, content_type=response.content_type)
+            recording.finish_soon(response.status, content_type=response.content_type)
     except Exception:
         log.exception("activity: recording a request failed")
 
@@ -84,6 +94,7 @@ async def activity(request: web.Request) -> web.Response:
     except QueryError as exc:
         return error_response(request, 400, str(exc))
     recorder = recorder_of(state(request))
+    recorder.settle()
     try:
         page = await recorder.log.page(query)
     except Exception:
@@ -94,8 +105,10 @@ async def activity(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     model = request.query.get("model", "").strip() or None
+    recorder = recorder_of(state(request))
+    recorder.settle()
     try:
-        body = await recorder_of(state(request)).log.stats(model)
+        body = await recorder.log.stats(model)
     except Exception:
         log.exception("activity: reading activity stats failed")
         return error_response(request, 500, "failed to get activity stats")
@@ -107,7 +120,9 @@ async def capture(request: web.Request) -> web.Response:
         activity_id = int(request.match_info["id"])
     except ValueError:
         return error_response(request, 400, "invalid capture ID")
-    found = recorder_of(state(request)).captures.get(activity_id)
+    recorder = recorder_of(state(request))
+    recorder.settle()
+    found = recorder.captures.get(activity_id)
     if found is None:
         return error_response(request, 404, "capture not found")
     return web.json_response(found.as_dict())

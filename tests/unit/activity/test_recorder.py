@@ -6,10 +6,17 @@ import json
 import os
 
 import pytest
+from multidict import CIMultiDict
 
-from llmswap.activity.captures import MIB, REDACTED, Capture, CaptureRing
+from llmswap.activity.captures import MIB, REDACTED, Capture, CaptureRing, packed
 from llmswap.activity.query import ActivityQuery, QueryError, histogram, parse_query, percentile
-from llmswap.activity.recorder import ActivityRecorder, ActivitySettings, MemoryLog
+from llmswap.activity.recorder import (
+    SETTLE_BATCH,
+    SETTLE_BYTES,
+    ActivityRecorder,
+    ActivitySettings,
+    MemoryLog,
+)
 from llmswap.activity.recording import RequestFacts
 
 CHAT = "/v1/chat/completions"
@@ -237,3 +244,68 @@ async def test_a_large_capture_is_compressed_off_the_event_loop_then_kept():
     capture = recorder.captures.get(record.id)
     assert capture is not None and capture.req_body is not None and len(capture.req_body) > 400_000
     assert recorder.captures.size < 100_000  # kept compressed
+
+
+def answered(recorder: ActivityRecorder, tokens: int = 1):
+    recording = recorder.begin(facts())
+    recording.response_headers(200, {"Content-Type": "application/json"})
+    recording.chunk(b'{"usage": {"prompt_tokens": %d, "completion_tokens": 1}}' % tokens)
+    return recording
+
+
+async def test_finish_soon_keeps_rows_in_batches_and_settle_keeps_the_rest_first():
+    recorder = ActivityRecorder()
+    seen = []
+    recorder.listeners.append(seen.append)
+    for tokens in range(1, 4):
+        answered(recorder, tokens).finish_soon()
+    assert rows(recorder) == [] and seen == []  # ended, read with the next batch
+    recorder.settle()  # what every reader of activity, captures and token counts does first
+    assert [r.tokens.input_tokens for r in rows(recorder)] == [1, 2, 3] and len(seen) == 3
+    assert [r.id for r in rows(recorder)] == [1, 2, 3] and recorder.has_capture(3)
+    for _ in range(SETTLE_BATCH):
+        answered(recorder).finish_soon()
+    assert len(rows(recorder)) == 3 + SETTLE_BATCH  # a full batch is kept at once
+
+
+async def test_a_recording_finished_soon_is_kept_without_a_reader():
+    recorder = ActivityRecorder()
+    recording = answered(recorder, 7)
+    recording.finish_soon()
+    recording.finish_soon()  # ended once: later ends do nothing
+    assert recording.finish() is None
+    for _ in range(500):
+        if rows(recorder):
+            break
+        await asyncio.sleep(0.01)
+    assert [r.tokens.input_tokens for r in rows(recorder)] == [7]
+
+
+def test_finish_soon_without_an_event_loop_keeps_the_row_at_once():
+    recorder = ActivityRecorder()
+    answered(recorder, 5).finish_soon()
+    assert [r.tokens.input_tokens for r in rows(recorder)] == [5]
+
+
+def test_captured_headers_are_packed_and_shown_redacted_with_their_first_values():
+    headers = CIMultiDict([("Authorization", "Bearer sk"), ("X-Trace", "a: b"), ("X-Trace", "c"),
+                           ("X-Empty", "")])
+    kept = packed(headers)
+    assert isinstance(kept, str)
+    capture = Capture(1, CHAT, kept, b"{}", packed({}), None)
+    assert capture.shown().req_headers == {"Authorization": REDACTED, "X-Trace": "a: b", "X-Empty": ""}
+    assert capture.shown().resp_headers == {}
+    assert Capture.decompress(capture.compress()) == capture.shown()
+    odd = {"X-Odd": "one\ntwo"}  # no parser lets a line break through; kept right all the same
+    assert packed(odd) is odd and Capture(2, CHAT, packed(odd), None, None, None).shown().req_headers == odd
+
+
+async def test_answers_finished_soon_are_not_held_beyond_a_bound_of_bytes():
+    recorder = ActivityRecorder()
+    small = answered(recorder)
+    small.finish_soon()
+    large = recorder.begin(facts())
+    large.response_headers(200, {"Content-Type": "application/json"})
+    large.chunk(b'{"data": "' + b"x" * SETTLE_BYTES + b'", "usage": {"prompt_tokens": 9}}')
+    large.finish_soon()
+    assert [r.tokens.input_tokens for r in rows(recorder)] == [1, 9]  # kept at once, with the one before
