@@ -3,9 +3,9 @@ delimited by the close), back-pressure, keep-alive reuse, connections the upstre
 restarting), abandoned answers closing their connection, the response-header timeout, and exactly the
 caller's headers going out.
 
-Each upstream here is a tiny asyncio server scripted by the test (`Scripted`), so each connection's fate is
-chosen exactly; the restart test kills and restarts a real demo upstream on the same port; the https one
-serves a certificate made for it with the openssl command.
+Most upstreams here are tiny asyncio servers scripted by the test (`tests.helpers.scripted_upstream`); the
+restart test kills and restarts a real demo upstream on the same port; the https one serves a certificate
+made for it with the openssl command.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ import shutil
 import socket
 import ssl
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -31,68 +30,8 @@ from llmswap.dispatch.http1 import Attempt, ConnectFailed, Upstream, UpstreamClo
 from llmswap.dispatch.http1_connection import HIGH_WATER
 from llmswap.dispatch.pool import send
 from tests.helpers.demo import running_demo
+from tests.helpers.scripted_upstream import Scripted, answer_each, ok, scripted, url
 from tests.helpers.wait import eventually
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "Scripted"], Awaitable[None]]
-
-
-@dataclass
-class Scripted:
-    """A loopback upstream whose every connection runs `handler`; it notes what it saw."""
-
-    handler: Handler
-    url: str = ""
-    connections: int = 0
-    heads: list[str] = field(default_factory=list)  # request heads, in arrival order
-    client_closed: asyncio.Event = field(default_factory=asyncio.Event)  # a connection read EOF from us
-
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            await self.handler(reader, writer, self)
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
-            pass  # the client left, or the test ended with the connection open
-        finally:
-            writer.close()
-
-    async def read_request(self, reader: asyncio.StreamReader) -> str:
-        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-        length = next((int(line.split(":", 1)[1]) for line in head.split("\r\n")[1:]
-                       if line.lower().startswith("content-length:")), 0)
-        await reader.readexactly(length)
-        self.heads.append(head)
-        return head
-
-    async def wait_client_close(self, reader: asyncio.StreamReader) -> None:
-        with contextlib.suppress(ConnectionError):
-            while await reader.read(65536):
-                pass
-        self.client_closed.set()
-
-
-@contextlib.asynccontextmanager
-async def scripted(handler: Handler) -> AsyncIterator[Scripted]:
-    upstream = Scripted(handler)
-    server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
-    upstream.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    try:
-        yield upstream
-    finally:
-        server.close()
-
-
-def ok(body: bytes, *extra: bytes) -> bytes:
-    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), b"".join(extra), body)
-
-
-async def answer_each(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up: Scripted) -> None:
-    while True:
-        await up.read_request(reader)
-        writer.write(ok(b"hello"))
-
-
-def url(up: Scripted, path: str = "/v1/x") -> URL:
-    return URL(up.url + path)
 
 
 async def test_a_sized_answer_is_read_and_its_connection_reused_with_tcp_keep_alive_probes() -> None:
@@ -113,23 +52,6 @@ async def test_a_sized_answer_is_read_and_its_connection_reused_with_tcp_keep_al
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
         assert (first.reused, first.handed_over) == (False, True)
         assert (second.reused, second.handed_over) == (True, True)
-
-
-def test_keep_alive_reuse_works_on_uvloop_whose_transports_are_no_asyncio_subclass() -> None:
-    # `llmswap --event-loop uvloop` (or auto): uvloop's TCP transport is not an asyncio.Transport
-    # subclass. An isinstance check once refused every connection, so each request failed and no
-    # connection was reused.
-    uvloop = pytest.importorskip("uvloop")
-
-    async def exchange() -> int:
-        async with scripted(answer_each) as up:
-            pool = Upstream(Timeouts())
-            for _ in range(3):
-                async with await send(pool, "POST", url(up), {}, b"{}", 5.0) as answer:
-                    assert await answer.read() == b"hello"
-            return up.connections
-
-    assert uvloop.run(exchange()) == 1
 
 
 async def test_a_chunked_answer_is_handed_over_chunk_by_chunk_as_it_arrives() -> None:
