@@ -30,7 +30,7 @@ from llmswap.config.model import ModelConfig
 from llmswap.dispatch.filters import apply_plan, local_plan
 from llmswap.dispatch.pool import Upstream, UpstreamPool, send
 from llmswap.router.base import BaseRouter
-from llmswap.router.grant import Grant
+from llmswap.router.grant import Ends, Grant
 from llmswap.router.types import NO_OPTIONS, AcquireOptions, ProcessLike
 from llmswap.scheduler.errors import Preempted
 
@@ -77,7 +77,7 @@ class UpstreamAnswer:
     text: str
 
 
-class HeldLease:
+class HeldLease(Ends):
     """A granted lease (`Dispatcher.lease_now`, or inside `Dispatcher.lease`) until its `release`.
 
     `release` ends it exactly once (later calls change nothing): the router counts the request out (its
@@ -170,15 +170,8 @@ class Dispatcher:
         except BaseException as exc:
             self._complete(model, origin, None, asked, exc)
             raise
-        held = self._hold(granted, origin, asked)
-        try:
+        with self._hold(granted, origin, asked) as held:
             yield held.lease
-        except BaseException as exc:
-            preempted = held.release(exc)
-            if preempted is not None:
-                raise preempted from None
-            raise
-        held.release()
 
     def _hold(self, granted: Grant, origin: Origin, asked: float) -> HeldLease:
         process = granted.process

@@ -64,14 +64,8 @@ class RequestApi:
         """Wait until `model` may serve, yield its process, and report the end of the request (`grant`, then
         `Grant.release`: a preemption comes out as `Preempted`)."""
         granted = await self.grant(model, options)
-        try:
+        with granted:
             yield granted.process
-        except BaseException as exc:
-            preempted = granted.release(exc)
-            if preempted is not None:
-                raise preempted from None
-            raise
-        granted.release()
 
     def grant_now(self, model: str, options: AcquireOptions = NO_OPTIONS) -> Grant | None:
         """`model` granted here and now, when the scheduler would grant it at once (ready and free, within

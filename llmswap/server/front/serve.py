@@ -112,15 +112,8 @@ async def _leased(conn: Connection, request: FrontRequest, plan: FastPlan, serve
             async with leases.lease(model_id, asking, origin="http", router=plan.router) as lease:
                 return await _granted(conn, request, plan, lease, served)
         record.load = 0.0  # granted at once: nothing loaded for it
-        try:
-            response = await _granted(conn, request, plan, held.lease, served)
-        except BaseException as exc:
-            preempted = held.release(exc)
-            if preempted is not None:
-                raise preempted from None
-            raise
-        held.release()
-        return response
+        with held:
+            return await _granted(conn, request, plan, held.lease, served)
     except SchedulerError as err:
         served.recording.fail(err.status, err.message)
         if isinstance(err, Preempted) and record.answering:

@@ -99,6 +99,25 @@ async def test_a_second_release_changes_nothing() -> None:
     await s.router.shutdown()
 
 
+async def test_with_a_held_lease_releases_it_once_with_the_blocks_error_and_lets_the_error_through() -> None:
+    s = Setup(config("a"))
+    await s.ready("a")
+    held = s.now("a")
+    assert held is not None
+    with pytest.raises(RuntimeError, match="upstream broke"), held:
+        assert s.router.snapshot().in_flight == {"a": 1}
+        raise RuntimeError("upstream broke")
+    with held:  # released already: nothing changes
+        pass
+    again = s.now("a")
+    assert again is not None
+    with again:
+        pass
+    assert s.router.snapshot().in_flight == {} and s.process("a").in_flight == 0
+    assert [r.error for r in s.records] == ["upstream broke", None]
+    await s.router.shutdown()
+
+
 async def test_a_callback_that_fails_at_the_grant_leaves_nothing_in_flight() -> None:
     s = Setup(config("a"))
     await s.ready("a")
@@ -181,16 +200,10 @@ async def test_a_held_lease_is_preempted_for_an_interactive_request() -> None:
         # What the front does with a held lease: serve, then release with what ended it.
         held = s.now("bg", AcquireOptions(priority=TASK))
         assert held is not None
-        try:
+        with held:  # released with what ended the block: the preemption's cancel comes out as Preempted
             serving.set()
             await asyncio.sleep(30)  # a long answer being relayed
             relayed.append("whole")
-        except BaseException as exc:
-            preempted = held.release(exc)
-            if preempted is not None:
-                raise preempted from None
-            raise
-        held.release()
 
     task = asyncio.create_task(background())
     await serving.wait()
