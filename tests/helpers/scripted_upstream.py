@@ -48,14 +48,21 @@ class Scripted:
 
 
 @contextlib.asynccontextmanager
-async def scripted(handler: Handler) -> AsyncIterator[Scripted]:
-    upstream = Scripted(handler)
-    server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
-    upstream.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+async def listening(serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+                    ) -> AsyncIterator[str]:
+    """A loopback server running `serve` on each connection, on a free port; yields its base URL."""
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
     try:
-        yield upstream
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     finally:
         server.close()
+
+
+@contextlib.asynccontextmanager
+async def scripted(handler: Handler) -> AsyncIterator[Scripted]:
+    upstream = Scripted(handler)
+    async with listening(upstream.serve) as upstream.url:
+        yield upstream
 
 
 def ok(body: bytes, *extra: bytes) -> bytes:

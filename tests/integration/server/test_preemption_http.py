@@ -8,19 +8,24 @@ import dataclasses
 import aiohttp
 import pytest
 
-from llmswap.config.model import ApiKey, SchedulerConfig
+from llmswap.config.model import ApiKey, Config, SchedulerConfig
 from tests.helpers.models import demo_config, exclusive_config
 from tests.integration.server.conftest import ServeConfig, until
+
+
+def preempting_config() -> Config:
+    """bg (slow: 5 tokens a second) and chat, one at a time; sk-batch's requests (priority -5) are
+    preempted for sk-user's (preemptBelow 0)."""
+    config = exclusive_config(demo_config("bg", "--tokens-per-second", "5"), demo_config("chat"),
+                              api_keys=(ApiKey("sk-batch", priority=-5), ApiKey("sk-user")))
+    return dataclasses.replace(config, routing=dataclasses.replace(
+        config.routing, scheduler=SchedulerConfig(preempt_below=0)))
 
 
 async def test_a_low_priority_stream_is_cut_and_the_interactive_request_served(
     serve_config: ServeConfig, http: aiohttp.ClientSession
 ) -> None:
-    config = exclusive_config(demo_config("bg", "--tokens-per-second", "5"), demo_config("chat"),
-                              api_keys=(ApiKey("sk-batch", priority=-5), ApiKey("sk-user")))
-    config = dataclasses.replace(config, routing=dataclasses.replace(
-        config.routing, scheduler=SchedulerConfig(preempt_below=0)))
-    served = await serve_config(config)
+    served = await serve_config(preempting_config())
     body = {"model": "bg", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000,
             "stream": True}
 
@@ -51,11 +56,7 @@ async def test_a_low_priority_answer_granted_at_once_is_ended_with_a_preempted_e
 ) -> None:
     # bg is loaded and idle first, so the slow whole answer is granted at once (no queue round trip), and
     # not streamed (the front serves it); the interactive request must still end it, with a clean 503.
-    config = exclusive_config(demo_config("bg", "--tokens-per-second", "5"), demo_config("chat"),
-                              api_keys=(ApiKey("sk-batch", priority=-5), ApiKey("sk-user")))
-    config = dataclasses.replace(config, routing=dataclasses.replace(
-        config.routing, scheduler=SchedulerConfig(preempt_below=0)))
-    served = await serve_config(config)
+    served = await serve_config(preempting_config())
     batch = {"Authorization": "Bearer sk-batch"}
     warm = {"model": "bg", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     async with http.post(served.at("/v1/chat/completions"), json=warm, headers=batch) as response:

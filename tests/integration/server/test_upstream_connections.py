@@ -14,6 +14,7 @@ import aiohttp
 
 from llmswap.config.model import Config, PeerConfig
 from llmswap.server.proxy import upstream_pool
+from tests.helpers.scripted_upstream import listening
 from tests.integration.server.conftest import ServeConfig
 
 CHAT = {"model": "pm", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -54,12 +55,8 @@ class Streaming:
 @contextlib.asynccontextmanager
 async def streaming_upstream() -> AsyncIterator[Streaming]:
     upstream = Streaming()
-    server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
-    upstream.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    try:
+    async with listening(upstream.serve) as upstream.url:
         yield upstream
-    finally:
-        server.close()
 
 
 def peer_config(url: str) -> Config:

@@ -17,6 +17,7 @@ import aiohttp
 
 from llmswap.config.model import Config, PeerConfig
 from llmswap.server.proxy import upstream_pool
+from tests.helpers.scripted_upstream import listening
 from tests.integration.server.conftest import ServeConfig, Served, until
 
 CHAT = {"model": "pm", "messages": [{"role": "user", "content": "hi"}]}
@@ -68,12 +69,8 @@ class TinyUpstream:
 @contextlib.asynccontextmanager
 async def tiny_upstream(policy: Policy) -> AsyncIterator[TinyUpstream]:
     upstream = TinyUpstream(policy)
-    server = await asyncio.start_server(upstream.handle, "127.0.0.1", 0)
-    upstream.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    try:
+    async with listening(upstream.handle) as upstream.url:
         yield upstream
-    finally:
-        server.close()
 
 
 def peer_config(url: str) -> Config:

@@ -76,6 +76,14 @@ def test_lines_look_like_llama_swaps() -> None:
     assert stamped.split(" ")[0].endswith(("AM", "PM"))
 
 
+def proxy_logging(out: io.StringIO | None = None) -> tuple[io.StringIO, LogRing]:
+    """llmswap's proxy log at info to `out` (a fresh buffer by default) and a ring, without timestamps."""
+    out = io.StringIO() if out is None else out
+    ring = LogRing("proxy")
+    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=out)
+    return out, ring
+
+
 @pytest.fixture
 def restore_loggers() -> Iterator[None]:
     saved = {}
@@ -130,9 +138,7 @@ def test_configuring_again_replaces_the_handlers() -> None:
 
 @pytest.mark.usefixtures("restore_loggers")
 def test_a_line_emitted_without_the_caller_lookup_reaches_the_same_places_looking_the_same() -> None:
-    out = io.StringIO()
-    ring = LogRing("proxy")
-    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=out)
+    out, ring = proxy_logging()
     access = logging.getLogger("llmswap.access")
     access.info("%s", "via logging")
     emit_line(access, logging.INFO, "via emit_line")
@@ -180,8 +186,7 @@ class CountingStream(io.StringIO):
 @pytest.mark.usefixtures("restore_loggers")
 def test_lines_logged_in_one_pass_of_the_loop_reach_stdout_in_one_write() -> None:
     out = CountingStream()
-    ring = LogRing("proxy")
-    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=out)
+    _, ring = proxy_logging(out)
     access = logging.getLogger("llmswap.access")
 
     async def burst() -> tuple[str, int]:
@@ -257,9 +262,7 @@ class Kept(logging.Handler):
 
 @pytest.mark.usefixtures("restore_loggers")
 def test_a_handler_of_someone_elses_still_gets_each_line_as_a_record_beside_llmswaps() -> None:
-    out = io.StringIO()
-    ring = LogRing("proxy")
-    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=out)
+    out, ring = proxy_logging()
     theirs = Kept()
     logging.getLogger(PROXY_LOGGER).addHandler(theirs)
     emit_line(logging.getLogger("llmswap.access"), logging.INFO, "a request")
@@ -270,9 +273,7 @@ def test_a_handler_of_someone_elses_still_gets_each_line_as_a_record_beside_llms
 
 @pytest.mark.usefixtures("restore_loggers")
 def test_a_filter_on_the_way_still_decides_whether_a_line_is_written() -> None:
-    out = io.StringIO()
-    ring = LogRing("proxy")
-    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=out)
+    out, ring = proxy_logging()
     access = logging.getLogger("llmswap.access")
     refuse = logging.Filter("somewhere.else")  # passes no record of llmswap's
     access.addFilter(refuse)
@@ -286,9 +287,7 @@ def test_a_filter_on_the_way_still_decides_whether_a_line_is_written() -> None:
 
 @pytest.mark.usefixtures("restore_loggers")
 def test_a_handlers_own_level_and_formatter_still_apply_to_a_line() -> None:
-    out = io.StringIO()
-    ring = LogRing("proxy")
-    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=out)
+    out, ring = proxy_logging()
     access = logging.getLogger("llmswap.access")
     ring_handler, stdout_handler = logging.getLogger(PROXY_LOGGER).handlers
     stdout_handler.setLevel(logging.WARNING)
@@ -301,9 +300,7 @@ def test_a_handlers_own_level_and_formatter_still_apply_to_a_line() -> None:
 
 @pytest.mark.usefixtures("restore_loggers")
 def test_a_record_factory_of_someone_elses_still_makes_the_record_of_each_line() -> None:
-    out = io.StringIO()
-    ring = LogRing("proxy")
-    configure_logging(level="info", to_stdout="proxy", time_format="", proxy_log=ring, stream=out)
+    out, ring = proxy_logging()
     made: list[str] = []
     factory = logging.getLogRecordFactory()
 
