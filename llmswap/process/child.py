@@ -53,8 +53,11 @@ def _load_prctl() -> Callable[..., int] | None:
 _prctl = _load_prctl()
 
 
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A preexec function arming SIGKILL-on-parent-death in the child, or None where it does not exist."""
+def parent_death_signal() -> Callable[[], None] | None:
+    """A preexec function arming SIGKILL-on-parent-death in the child, or None where it does not exist.
+
+    Also used for llmswap's own worker processes (`llmswap.workers.supervisor`): one owner of the prctl.
+    """
     prctl = _prctl
     if prctl is None:
         return None
@@ -219,7 +222,7 @@ async def spawn_child(
         stderr=subprocess.STDOUT,
         env=dict(env),
         start_new_session=True,
-        preexec_fn=_parent_death_signal(),
+        preexec_fn=parent_death_signal(),
     )
     guard = start_keeper(popen.pid) if keeper else None
     exited = _watch_exit(loop, popen)
