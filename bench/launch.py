@@ -72,15 +72,16 @@ class Llmswap:
 
 
 @contextlib.asynccontextmanager
-async def running_llmswap(config: Path, ready_urls: Sequence[str]) -> AsyncIterator[Llmswap]:
-    """`llmswap --config CONFIG` on a free port, yielded once its /health and every one of `ready_urls` (the
-    preloaded upstreams' own health URLs) answer 200. Its output goes to llmswap.log beside the config; if it
-    does not become ready, the end of that log is in the error."""
+async def running_llmswap(config: Path, ready_urls: Sequence[str], args: Sequence[str] = ()
+                          ) -> AsyncIterator[Llmswap]:
+    """`llmswap --config CONFIG` on a free port (`args`: more of its command line), yielded once its /health
+    and every one of `ready_urls` (the preloaded upstreams' own health URLs) answer 200. Its output goes to
+    llmswap.log beside the config; if it does not become ready, the end of that log is in the error."""
     port = free_port()
     log_path = config.with_name("llmswap.log")
     with log_path.open("wb") as log:
         process = subprocess.Popen(  # noqa: ASYNC220 (started once, before anything is measured)
-            [sys.executable, "-m", "llmswap", "--config", str(config), "--listen", f"{HOST}:{port}"],
+            [sys.executable, "-m", "llmswap", "--config", str(config), "--listen", f"{HOST}:{port}", *args],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
         )
     server = Llmswap(process, f"http://{HOST}:{port}")

@@ -1,7 +1,7 @@
 """Throughput under concurrency: wrk posting a chat request to nginx, directly and through llmswap.
 
-Run: `python -m bench.wrk_nginx [--seconds 5] [--connections 1,16,64,256]`. Prints a markdown table;
-asserts nothing.
+Run: `python -m bench.wrk_nginx [--seconds 5] [--connections 1,16,64,256] [--workers 1]`. Prints a markdown
+table; asserts nothing.
 
 nginx answers every POST with a fixed chat completion, so the upstream costs next to nothing and what is
 measured is the proxy's cost per request. llmswap starts that nginx itself (it is the model's `cmd`, with
@@ -26,6 +26,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import aiohttp
 
 from bench.launch import HOST, free_port, running_llmswap, write_config
 from bench.report import Row, markdown_table, ms, per_second, ratio
@@ -150,7 +152,7 @@ def post_script(folder: Path) -> Path:
     return script
 
 
-async def measure(seconds: float, connections: tuple[int, ...]) -> list[Row]:
+async def measure(seconds: float, connections: tuple[int, ...], workers: int = 0) -> list[Row]:
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
         port = free_port()
@@ -161,24 +163,42 @@ async def measure(seconds: float, connections: tuple[int, ...]) -> list[Row]:
         }}, preload=[MODEL])
         script = post_script(folder)
         direct_url = f"http://{HOST}:{port}/v1/chat/completions"
-        async with running_llmswap(config, [f"http://{HOST}:{port}/health"]) as server:
-            proxied_url = f"{server.url}/v1/chat/completions"
-            await wrk(proxied_url, 16, 1, script)  # warm both: pools, caches
-            await wrk(direct_url, 16, 1, script)
-            rows: list[Row] = []
-            for count in connections:
-                print(f"bench.wrk_nginx: {count} connections...", file=sys.stderr, flush=True)
-                direct = await wrk(direct_url, count, seconds, script)
-                proxied = await wrk(proxied_url, count, seconds, script)
-                rows += rows_for(count, direct, proxied)
+        rows: list[Row] = []
+        for processes in (0, workers) if workers else (0,):
+            args = ("--workers", str(processes)) if processes else ()
+            async with running_llmswap(config, [f"http://{HOST}:{port}/health"], args) as server:
+                if processes:
+                    await workers_connected(server.url, processes)
+                proxied_url = f"{server.url}/v1/chat/completions"
+                await wrk(proxied_url, 16, 1, script)  # warm both: pools, caches
+                await wrk(direct_url, 16, 1, script)
+                for count in connections:
+                    print(f"bench.wrk_nginx: {count} connections, {processes} workers...", file=sys.stderr,
+                          flush=True)
+                    direct = await wrk(direct_url, count, seconds, script)
+                    proxied = await wrk(proxied_url, count, seconds, script)
+                    rows += rows_for(count, direct, proxied, processes)
     return rows
 
 
-def rows_for(connections: int, direct: WrkResult, proxied: WrkResult) -> list[Row]:
+async def workers_connected(url: str, count: int) -> None:
+    """Return once llmswap lists `count` workers (each started and connected)."""
+    async with aiohttp.ClientSession() as http:
+        for _ in range(200):
+            async with http.get(f"{url}/api/workers") as response:
+                if len((await response.json())["workers"]) >= count:
+                    return
+            await asyncio.sleep(0.1)
+    raise SystemExit(f"llmswap --workers {count}: the workers did not connect within 20 s")
+
+
+def rows_for(connections: int, direct: WrkResult, proxied: WrkResult, workers: int = 0) -> list[Row]:
     errors = ""
     if direct.errors or proxied.errors:
         errors = f"; errors: direct {direct.errors}, llmswap {proxied.errors}"
     name = f"wrk, {connections} connection{'s' if connections > 1 else ''}"
+    if workers:
+        name += f", llmswap --workers {workers}"
     return [
         Row(f"{name}: throughput{errors}", "direct to nginx", per_second(direct.requests_per_second, "req"),
             per_second(proxied.requests_per_second, "req"),
@@ -195,14 +215,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each wrk run (default 5)")
     parser.add_argument("--connections", default=",".join(map(str, CONNECTIONS)),
                         help="comma-separated connection counts (default 1,16,64,256)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="then the same through llmswap --workers N (default 1; 0: not measured)")
     args = parser.parse_args(argv)
     counts = tuple(int(part) for part in args.connections.split(",") if part.strip())
     if (reason := ensure_tools()) is not None:
         print(f"bench.wrk_nginx: skipped: {reason}")
         return 0
-    rows = asyncio.run(measure(args.seconds, counts))
+    rows = asyncio.run(measure(args.seconds, counts, args.workers))
     print(f"Machine: {describe_machine()}")
-    command = f"python -m bench.wrk_nginx --seconds {args.seconds:g} --connections {args.connections}"
+    command = (f"python -m bench.wrk_nginx --seconds {args.seconds:g} --connections {args.connections} "
+               f"--workers {args.workers}")
     print(f"Command: `{command}`\n")
     print(markdown_table(rows))
     return 0

@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     flag(parser, "log-level", choices=LOG_LEVELS, metavar="LEVEL", dest="log_level",
          help=f"one of {', '.join(LOG_LEVELS)}; overrides the config's logLevel")
     add_tls_arguments(parser)
+    flag(parser, "workers", type=_worker_count, default=0, metavar="N",
+         help="N processes beside this one serve the fast requests (non-streaming JSON to a local model) "
+              "on more cores, one scheduler for all; 0 (the default): this process alone; not with TLS")
     flag(parser, "version", action="version", version=f"llmswap {__version__}")
 
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -78,6 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     task_cli.add_parser(commands)
     admin_cli.add_parsers(commands)
     return parser
+
+
+def _worker_count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes (0 to 64)") from None
+    if not 0 <= count <= 64:
+        raise argparse.ArgumentTypeError(f"{count} workers: give 0 to 64 (one per spare core is the most "
+                                         "that helps)")
+    return count
 
 
 def _load(sources: ConfigSources) -> Config | None:
@@ -111,7 +125,8 @@ def serve_command(sources: ConfigSources, args: argparse.Namespace, host: str, p
         return 1
     options = ServeOptions(config_path=sources.file, config_dir=sources.directory, host=host, port=port,
                            watch_config=args.watch_config, log_level=args.log_level,
-                           tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file)
+                           tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
+                           workers=args.workers)
     try:
         return run(options, config)
     except StartError as err:

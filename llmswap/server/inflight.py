@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from llmswap.activity.captures import redacted
+from llmswap.router.types import Holder
 from llmswap.server.middleware import note_first_byte
 from llmswap.server.state import ServerState
 
@@ -50,7 +51,7 @@ class InflightEntry:
     response_headers: Mapping[str, str] | None = None
     resp_bytes: int = 0
     # For `cancel`: the task serving the request, the response once it went out, and whether it was cancelled.
-    task: asyncio.Task[Any] | None = None
+    task: Holder | None = None
     response: web.StreamResponse | None = None
     cancelled: bool = False
     # While in flight: the request, read for the client's address only when the entry is shown; once let
@@ -101,9 +102,10 @@ class InflightTracker:
             listener(operation, entry)
 
     def open(self, request: web.Request, model: str, path: str | None = None,
-             task: asyncio.Task[Any] | None = None) -> InflightEntry:
+             task: Holder | None = None) -> InflightEntry:
         """Add an entry for `request` (routed to `model`; `path` as shown, default the request's), served by
-        `task` (default: the current one); `close` it when the request ends."""
+        `task` (default: the current one; a worker's request: what stands for it); `close` it when the
+        request ends."""
         entry = InflightEntry(
             str(next(self._ids)), self.wall_clock(), self.monotonic(), model,
             request.path if path is None else path, request.method, request.headers,

@@ -39,6 +39,7 @@ from llmswap.server.guard import is_loopback_listener
 from llmswap.server.logsetup import configure_logging
 from llmswap.server.reload import WATCH_INTERVAL, ConfigWatcher, ReloadOutcome, reload_from_sources
 from llmswap.server.state import ServerState
+from llmswap.server.workers import Workers, worker_argv
 
 log = logging.getLogger("llmswap.server")
 
@@ -63,6 +64,7 @@ class ServeOptions:
     watch_interval: float = WATCH_INTERVAL
     tls_cert_file: Path | None = None  # both set: serve HTTPS
     tls_key_file: Path | None = None
+    workers: int = 0  # --workers: processes beside this one serving the front's fast requests
 
     @property
     def sources(self) -> ConfigSources:
@@ -116,6 +118,7 @@ class Server:
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watcher: ConfigWatcher | None = None
+        self.workers: Workers | None = None
 
     # ------------------------------------------------------------------ start
 
@@ -165,6 +168,8 @@ class Server:
                 f"cannot listen on {where}: {exc.strerror or exc}; "
                 f"is another server using it? choose another address with --listen HOST:PORT"
             ) from None
+        if self.options.workers > 0:
+            await self._start_workers(site, app, tls is not None)
         self.url = _url(self.runner, self.options.host, "https" if tls else "http")
         log.info("llmswap %s listening on %s (%d models, router %s)", __version__, self.url,
                  len(config.models), self.state.router.name)
@@ -172,6 +177,20 @@ class Server:
             self._spawn(preload(self.state, config.preload), "preload")
         if self._watcher is not None:
             self._spawn(self._watcher.watch(self.reload_soon), "config-watcher")
+
+    async def _start_workers(self, site: FrontSite, app: web.Application, tls: bool) -> None:
+        if tls:
+            log.warning("--workers %d ignored: a TLS connection cannot move between processes, so with "
+                        "--tls-cert-file this process serves alone", self.options.workers)
+            return
+        assert site.front is not None
+        options = self.options
+        self.workers = Workers(self.state, app, site.front, options.workers,
+                               worker_argv(options.config_path, options.config_dir, options.host,
+                                           options.log_level),
+                               options.shutdown_grace)
+        await self.workers.start()
+        log.info("%d worker processes serve fast requests beside this one", options.workers)
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(work, name=name)
@@ -211,6 +230,8 @@ class Server:
             wanted = [m for m in self.state.config.preload if m in outcome.to_preload]
             if wanted:
                 self._spawn(preload(self.state, wanted), "preload")
+            if self.workers is not None:  # they read the config at start: new ones read the new one
+                self._spawn(self.workers.restart(), "workers-restart")
         return outcome
 
     async def run(self) -> int:
@@ -226,6 +247,8 @@ class Server:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Workers get the same grace as this process's answers, their leases ending here as they finish.
+        workers = asyncio.ensure_future(self.workers.stop() if self.workers is not None else asyncio.sleep(0))
         router_grace = UPSTREAM_STOP_GRACE
         if self.runner is not None:
             # Stops accepting, closes idle connections, waits up to the grace for handlers, cancels the rest.
@@ -241,6 +264,7 @@ class Server:
             hurry.cancel()
             if cleanup.done() and not cleanup.cancelled() and cleanup.exception() is not None:
                 log.error("shutdown: closing the HTTP server failed: %r", cleanup.exception())
+        await workers
         await self._shutdown_router(HURRY_GRACE if self._hurry.is_set() else router_grace)
         log.info("llmswap stopped")
 

@@ -53,6 +53,7 @@ from llmswap.process.events import ProcessEvent
 from llmswap.process.state import ProcessState
 from llmswap.router.base import BaseRouter
 from llmswap.router.types import RouterEvent, RouterStats, SwapFinished
+from llmswap.server.activity_api import recorder_of
 from llmswap.server.middleware import REQUEST_OBSERVERS, Answered
 from llmswap.server.request_metrics import RequestMetrics
 from llmswap.server.state import STATE, ServerState
@@ -316,6 +317,7 @@ def setup(app: web.Application) -> None:
 
 
 async def scrape(request: web.Request) -> web.Response:
+    await recorder_of(request.app[STATE]).settled()  # worker processes' rows and answers first
     body = metrics_of(request.app[STATE]).exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

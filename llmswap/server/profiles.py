@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from llmswap.server.state import STATE, ServerState, state
 log = logging.getLogger("llmswap.profiles")
 
 PROFILES_KEY = "profiles"  # ServerState.extras key of the app's ActiveProfile
+WATCHERS_KEY = "profile_watchers"  # ServerState.extras key of the callbacks told each change
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,12 @@ class ActiveProfile:
 
 def active_profile(server: ServerState) -> ActiveProfile:
     return server.extra(PROFILES_KEY, ActiveProfile, lambda: ActiveProfile(server.config))
+
+
+def watch_profile(server: ServerState, watcher: Callable[[str | None], None]) -> None:
+    """Tell `watcher` the active profile's name (None: none) each time a client changes it. (A reload
+    makes none active without telling: whoever watches follows reloads too.)"""
+    server.extras.setdefault(WATCHERS_KEY, []).append(watcher)
 
 
 def setup(app: web.Application) -> None:
@@ -102,6 +110,8 @@ async def set_active(request: web.Request) -> web.Response:
         current.name = wanted
         log.info("active profile changed to %s", json.dumps(wanted))
         feed_of(server).publish(ProfileChanged(wanted))
+        for watcher in server.extras.get(WATCHERS_KEY, ()):
+            watcher(wanted)
     return web.json_response({"active": current.name})
 
 

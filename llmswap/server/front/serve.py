@@ -30,6 +30,8 @@ from llmswap.server.front.wire import send_whole
 from llmswap.server.inflight import tracker_of
 from llmswap.server.middleware import ACCESS, CLIENT_GONE, REQUEST_OBSERVERS, AccessRecord, Answered, report
 from llmswap.server.proxy import CLIENT_CLOSED_REQUEST, dispatcher
+from llmswap.workers.grants import Shown
+from llmswap.workers.leases import REMOTE_LEASES, RemoteLeases
 
 log = logging.getLogger("llmswap.server")
 
@@ -100,6 +102,9 @@ async def _leased(conn: Connection, request: FrontRequest, plan: FastPlan, serve
                   ) -> web.StreamResponse:
     model_id = plan.model.id
     record = served.record
+    remote: RemoteLeases | None = plan.state.extras.get(REMOTE_LEASES)
+    if remote is not None:  # a worker process: main's scheduler grants it
+        return await _leased_remotely(conn, request, plan, served, remote)
     try:
         leases = dispatcher(plan.state)
         held = leases.lease_now(model_id, plan.asking, origin="http", router=plan.router)
@@ -115,11 +120,39 @@ async def _leased(conn: Connection, request: FrontRequest, plan: FastPlan, serve
         with held:
             return await _granted(conn, request, plan, held.lease, served)
     except SchedulerError as err:
-        served.recording.fail(err.status, err.message)
-        if isinstance(err, Preempted) and record.answering:
-            conn.cut()  # preempted mid-answer: a truncated answer must not pass for a complete one
-            return web.Response(status=CLIENT_CLOSED_REQUEST)
-        return await send_whole(request, scheduler_error_response(request, err), conn)  # type: ignore[arg-type]
+        return await _refused(conn, request, served, err)
+
+
+async def _refused(conn: Connection, request: FrontRequest, served: Served, err: SchedulerError
+                   ) -> web.StreamResponse:
+    """The router's refusal (or preemption) of the request, answered as the aiohttp route answers it."""
+    served.recording.fail(err.status, err.message)
+    if isinstance(err, Preempted) and served.record.answering:
+        conn.cut()  # preempted mid-answer: a truncated answer must not pass for a complete one
+        return web.Response(status=CLIENT_CLOSED_REQUEST)
+    return await send_whole(request, scheduler_error_response(request, err), conn)  # type: ignore[arg-type]
+
+
+async def _leased_remotely(conn: Connection, request: FrontRequest, plan: FastPlan, served: Served,
+                           remote: RemoteLeases) -> web.StreamResponse:
+    record = served.record
+
+    def on_granted(seconds: float) -> None:
+        record.load = seconds
+
+    headers = tuple((str(name), value) for name, value in request.headers.items())  # plain str for marshal
+    shown = Shown(request.method, request.path, headers, request.remote)
+    entry_id = served.entry.id
+
+    def cancel() -> None:  # main's in-flight cancel is this process's own: the same clean end
+        tracker_of(plan.state).cancel(entry_id)
+
+    asking = replace(plan.asking, on_granted=on_granted)
+    try:
+        async with remote.lease(plan.model, asking, shown, cancel) as lease:
+            return await _granted(conn, request, plan, lease, served)
+    except SchedulerError as err:
+        return await _refused(conn, request, served, err)
 
 
 async def _granted(conn: Connection, request: FrontRequest, plan: FastPlan, lease: Lease, served: Served

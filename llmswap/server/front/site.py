@@ -12,7 +12,7 @@ had read them itself.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
@@ -30,6 +30,17 @@ class Front:
         self.runner = runner
         self.app = runner.app
         self.routes: Mapping[str, InferenceRoute] = route_table(ROUTES)
+        # Who serves each new connection: None, this process; else a callable that answers the protocol
+        # of one that goes elsewhere (a worker process), or None for one this process keeps.
+        self.share: Callable[[], asyncio.Protocol | None] | None = None
+
+    def connection(self) -> asyncio.Protocol:
+        """The protocol of a connection just accepted."""
+        if self.share is not None:
+            elsewhere = self.share()
+            if elsewhere is not None:
+                return elsewhere
+        return FrontConnection(self)
 
     def header_timeout(self) -> float:
         return self.runner.header_timeout()
@@ -55,16 +66,18 @@ class Front:
 
 
 class FrontSite(web.TCPSite):
-    """A TCP (or TLS) listener whose connections start on the front."""
+    """A TCP (or TLS) listener whose connections start on the front (`front`, once started)."""
+
+    front: Front | None = None
 
     async def start(self) -> None:
         runner = self._runner
         if not isinstance(runner, Runner):
             raise TypeError("FrontSite serves through llmswap's Runner")
         await web.BaseSite.start(self)  # registers the site with the runner
-        front = Front(runner)
+        front = self.front = Front(runner)
         server = await asyncio.get_running_loop().create_server(
-            lambda: FrontConnection(front),
+            front.connection,
             self._host,
             self._port,
             ssl=self._ssl_context,

@@ -1,0 +1,145 @@
+"""`llmswap --workers 1` as a user runs it: real processes, the demo upstream, real HTTP. Every request is
+answered whichever process took its connection; main keeps the one in-flight list, activity, access log
+and counts; a request a worker does not serve moves to main on the same connection; main's cancel ends a
+worker's request; a reload or a crash gives new workers and serving goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tests.helpers.cli import WITHIN, LlmswapProcess, demo_model, running_llmswap, write_config
+from tests.helpers.wait import eventually
+
+CHAT = "/v1/chat/completions"
+
+
+def chat(model: str = "a", max_tokens: int = 4) -> dict[str, Any]:
+    return {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def config(tmp_path: Path, *flags: str) -> Path:
+    preload = {"on_startup": {"preload": ["a"]}}
+    return write_config(tmp_path / "config.yaml", {"a": demo_model("a", *flags)}, hooks=preload)
+
+
+async def get(http: aiohttp.ClientSession, server: LlmswapProcess, path: str) -> Any:
+    async with http.get(server.url + path) as response:
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+async def workers(http: aiohttp.ClientSession, server: LlmswapProcess) -> list[dict[str, int]]:
+    return list((await get(http, server, "/api/workers"))["workers"])
+
+
+async def ready(http: aiohttp.ClientSession, server: LlmswapProcess, *, not_pid: int | None = None) -> int:
+    """The pid of the one worker, once it is connected (and is not `not_pid`)."""
+    found: list[int] = []
+
+    async def connected() -> bool:
+        listed = await workers(http, server)
+        found[:] = [w["pid"] for w in listed if w["pid"] != not_pid]
+        return len(found) == 1
+
+    await eventually(connected, within=WITHIN, what="a worker connected to main")
+    await server.wait_for_output("preload: a ready", within=WITHIN)
+    return found[0]
+
+
+async def ask(http: aiohttp.ClientSession, server: LlmswapProcess) -> None:
+    async with http.post(server.url + CHAT, json=chat()) as response:
+        assert response.status == 200, await response.text()
+        assert (await response.json())["usage"]["completion_tokens"] > 0
+
+
+async def test_every_request_is_answered_and_main_records_and_logs_each_one(tmp_path: Path) -> None:
+    async with running_llmswap(config(tmp_path), "--workers", "1") as server, \
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=8)) as http:
+        await ready(http, server)
+        await asyncio.gather(*(ask(http, server) for _ in range(40)))  # on 8 connections, taken in turn
+        [worker] = await workers(http, server)
+        assert 0 < worker["served"] < 40, "the worker served some of them, main the others"
+        rows = (await get(http, server, "/api/metrics/activity?limit=100"))["data"]
+        chats = [row for row in rows if row["req_path"] == CHAT]
+        assert len(chats) == 40 and len({row["id"] for row in chats}) == 40, "one row each, numbered by main"
+        assert all(row["tokens"]["output_tokens"] > 0 and row["model"] == "a" for row in chats)
+        assert sum(f'"POST {CHAT}" 200' in line for line in server.stdout_lines) == 40, "main logs each"
+        metrics = await (await http.get(server.url + "/metrics")).text()
+        [counted] = [line for line in metrics.splitlines() if line.startswith("llmswap_requests_total{")
+                     and 'route="/v1/chat/completions"' in line and 'status="200"' in line]
+        assert counted.endswith(" 40.0"), counted
+
+
+async def test_a_request_a_worker_does_not_serve_moves_to_main_on_the_same_connection(tmp_path: Path) -> None:
+    async with running_llmswap(config(tmp_path), "--workers", "1") as server, aiohttp.ClientSession() as http:
+        await ready(http, server)
+        for _ in range(4):  # connections are shared in turn: some of these are the worker's
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as one_connection:
+                await ask(one_connection, server)
+                running = await get(one_connection, server, "/running")  # not a fast request
+                assert [m["model"] for m in running["running"]] == ["a"]
+                await ask(one_connection, server)  # and the connection goes on, now main's
+        [worker] = await workers(http, server)
+        assert worker["served"] >= 1
+
+
+async def test_mains_cancel_ends_a_workers_request_and_the_model_serves_on(tmp_path: Path) -> None:
+    async with running_llmswap(config(tmp_path, "--tokens-per-second", "5"), "--workers", "1") as server, \
+            aiohttp.ClientSession() as http:
+        await ready(http, server)
+
+        async def slow() -> tuple[int, str]:
+            async with aiohttp.ClientSession() as own, \
+                    own.post(server.url + CHAT, json=chat(max_tokens=400)) as response:  # its own connection
+                return response.status, await response.text()
+
+        # Five new connections in a row: whatever the turn, some go to main and some to the worker.
+        answers = [asyncio.create_task(slow()) for _ in range(5)]
+
+        async def in_flight() -> list[dict[str, Any]]:
+            return list((await get(http, server, "/api/inflight"))["requests"])
+
+        async def all_in_flight() -> bool:
+            return len(await in_flight()) == 5
+
+        await eventually(all_in_flight, within=WITHIN, what="every request in flight")
+        for entry in await in_flight():
+            async with http.post(f"{server.url}/api/inflight/{entry['id']}/cancel") as response:
+                assert response.status == 200, await response.text()
+        for status, text in await asyncio.gather(*answers):
+            assert status == 502 and "cancelled through /api/inflight/" in text
+
+        async def none_in_flight() -> bool:  # a worker's request leaves as its end reaches main, just after
+            return await in_flight() == []
+
+        await eventually(none_in_flight, within=WITHIN, what="the list emptied")
+        [worker] = await workers(http, server)
+        assert 1 <= worker["served"] < 5
+        await ask(http, server)
+
+
+async def test_a_reload_or_a_crash_gives_a_new_worker_and_serving_goes_on(tmp_path: Path) -> None:
+    async def asked_on_new_connections(server: LlmswapProcess) -> None:
+        # New connections: the ones a stopped worker had are closed, and a killed one's die with it.
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as fresh:
+            await asyncio.gather(*(ask(fresh, server) for _ in range(8)))
+
+    async with running_llmswap(config(tmp_path), "--workers", "1") as server, aiohttp.ClientSession() as http:
+        first = await ready(http, server)
+        server.send_signal(signal.SIGHUP)
+        second = await ready(http, server, not_pid=first)
+        await asked_on_new_connections(server)
+        os.kill(second, signal.SIGKILL)
+        await ready(http, server, not_pid=second)
+        await asked_on_new_connections(server)
+
+        async def none_in_flight() -> bool:
+            return (await get(http, server, "/api/inflight"))["requests"] == []
+
+        await eventually(none_in_flight, within=WITHIN, what="nothing left in flight")
