@@ -1,11 +1,12 @@
 """The control channel between the main process and one worker: messages as tuples of plain values, in
 frames (a 4-byte little-endian length, then the tuple in `marshal`'s format), over a Unix-domain stream
-socket the main process made with `socketpair` and gave the worker as an inherited descriptor.
+socket.
 
 `marshal` is the cheapest encoding Python has for tuples of numbers, strings and bytes, and it is safe here
-only because nobody else can write to the socket: it has no name in the file system, and its other end
-belongs to a child the main process started. A frame larger than `max_frame`, or one that does not decode,
-ends the channel (`on_lost` with the reason): a peer that sends either is broken.
+only because nobody but main's own workers can write to the socket: it lives in a folder only llmswap's
+user can enter (mode 0700, made by main), and a process of that user could do anything llmswap can anyway.
+A frame larger than `max_frame`, or one that does not decode, ends the channel (`on_lost` with the reason):
+a peer that sends either is broken.
 
 Writes are coalesced: the messages sent during one turn of the event loop leave in one write, so a burst
 of requests costs one system call each way, not one per message.
