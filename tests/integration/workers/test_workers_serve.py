@@ -1,7 +1,8 @@
 """`llmswap --workers 1` as a user runs it: real processes, the demo upstream, real HTTP. Every request is
 answered whichever process took its connection; main keeps the one in-flight list, activity, access log
 and counts; a request a worker does not serve moves to main on the same connection; main's cancel ends a
-worker's request; a reload or a crash gives new workers and serving goes on."""
+worker's request; a reload or a crash gives new workers and serving goes on; the active profile reaches
+the workers."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.helpers.cli import WITHIN, LlmswapProcess, demo_model, running_llmswap, write_config
+from tests.helpers.cli import WITHIN, LlmswapProcess, demo_model, running_llmswap, together, write_config
 from tests.helpers.wait import eventually
 
 CHAT = "/v1/chat/completions"
@@ -143,3 +144,31 @@ async def test_a_reload_or_a_crash_gives_a_new_worker_and_serving_goes_on(tmp_pa
             return (await get(http, server, "/api/inflight"))["requests"] == []
 
         await eventually(none_in_flight, within=WITHIN, what="nothing left in flight")
+
+
+async def test_the_active_profile_reaches_the_workers(tmp_path: Path) -> None:
+    models = {"a": demo_model("a"), "b": demo_model("b")}
+    profiles = {"office": {"pins": {"a": "b"}}}
+    path = write_config(tmp_path / "config.yaml", models, routing=together("a", "b"), profiles=profiles,
+                        hooks={"on_startup": {"preload": ["a", "b"]}})
+    async with running_llmswap(path, "--workers", "1") as server, aiohttp.ClientSession() as http:
+        await ready(http, server)
+        await server.wait_for_output("preload: b ready", within=WITHIN)
+        async with http.put(server.url + "/api/profiles/active", json={"name": "office"}) as response:
+            assert response.status == 200, await response.text()
+
+        async def answered_by_b() -> list[str]:
+            async def one() -> str:
+                async with aiohttp.ClientSession() as own, \
+                        own.post(server.url + CHAT, json=chat("a")) as answer:
+                    assert answer.status == 200, await answer.text()
+                    return str((await answer.json())["model"])
+
+            return await asyncio.gather(*(one() for _ in range(5)))  # new connections: some are the worker's
+
+        async def pinned() -> bool:
+            return await answered_by_b() == ["b"] * 5
+
+        await eventually(pinned, within=WITHIN, what="every request for a answered by b")
+        [worker] = await workers(http, server)
+        assert worker["served"] >= 1
