@@ -54,6 +54,7 @@ class InflightEntry:
     task: Holder | None = None
     response: web.StreamResponse | None = None
     cancelled: bool = False
+    label: str | None = None  # the id main's list shows a worker's request under, once cancelled from there
     # While in flight: the request, read for the client's address only when the entry is shown; once let
     # go, the socket's address it had (the headers' addresses are in `request_headers`).
     request: web.BaseRequest | None = None

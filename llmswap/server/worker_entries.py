@@ -67,7 +67,9 @@ class TrackedEntries:
         self.tracker = tracker
 
     def open(self, shown: Shown, model: str, holder: RemoteHolder) -> InflightEntry:
-        return self.tracker.open(RemoteRequest(shown), model, None, holder)  # type: ignore[arg-type]
+        entry = self.tracker.open(RemoteRequest(shown), model, None, holder)  # type: ignore[arg-type]
+        holder.shown_id = entry.id  # what the worker's clean end names
+        return entry
 
     def close(self, entry: object) -> None:
         if isinstance(entry, InflightEntry):

@@ -15,9 +15,12 @@ of requests costs one system call each way, not one per message.
 from __future__ import annotations
 
 import asyncio
+import logging
 import marshal
 from collections.abc import Callable
 from typing import Any
+
+log = logging.getLogger("llmswap.workers")
 
 Message = tuple[Any, ...]
 MAX_FRAME = 64 * 1024 * 1024  # a capture's bodies travel in these; nothing legitimate comes near it
@@ -58,7 +61,10 @@ class Channel(asyncio.Protocol):
                     break
                 message = _decoded(buffer[start + 4 : start + 4 + size])
                 start += 4 + size
-                self._on_message(self, message)
+                try:
+                    self._on_message(self, message)
+                except Exception:  # a bug in one handler must not end every request on the channel
+                    log.exception("handling a %r message failed", message[0])
                 if self.closed:
                     return
         except ChannelBroken as broken:

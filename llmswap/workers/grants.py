@@ -7,7 +7,8 @@ Messages (see `channel`), worker to main:
 and main to worker:
   ("granted", rid, waited, load)  # seconds asked to granted; of those, seconds its model spent loading
   ("refused", rid, status, code, message, retry_after)  # the scheduler's error, for the worker to answer
-  ("cancel", rid, why)  # why: None for the in-flight list's cancel, else a preemption's reason
+  ("cancel", rid, why, shown_id)  # why: None for the in-flight list's cancel (of its entry `shown_id`),
+                                 # else a preemption's reason
 
 A request granted at once is granted as the message is read (`Dispatcher.lease_now`); one that must wait
 waits in a task of its own here, in the router's queue like any other. What serves the request, for the
@@ -59,13 +60,14 @@ class RemoteHolder:
     """What serves a worker's request, as the router and the in-flight list see it (`router.types.Holder`):
     `cancel` tells the worker, and takes the request out of the queue when it still waits."""
 
-    __slots__ = ("_cancels", "channel", "ended", "rid", "waiting")
+    __slots__ = ("_cancels", "channel", "ended", "rid", "shown_id", "waiting")
 
     def __init__(self, channel: Channel, rid: int) -> None:
         self.channel = channel
         self.rid = rid
         self.waiting: asyncio.Task[None] | None = None  # while it waits in the queue here
         self.ended = False
+        self.shown_id: str | None = None  # the id the in-flight list shows it under (set by the list)
         self._cancels = 0
 
     def done(self) -> bool:
@@ -78,7 +80,7 @@ class RemoteHolder:
         self._cancels += 1
         if self.waiting is not None:
             self.waiting.cancel()
-        self.channel.send(("cancel", self.rid, None if msg is None else str(msg)))
+        self.channel.send(("cancel", self.rid, None if msg is None else str(msg), self.shown_id))
         return True
 
     def cancelling(self) -> int:

@@ -57,7 +57,7 @@ class _Asked:
     __slots__ = ("on_cancel", "preempted", "reply", "task")
 
     def __init__(self, reply: asyncio.Future[Message], task: asyncio.Task[Any] | None,
-                 on_cancel: Callable[[], object]) -> None:
+                 on_cancel: Callable[[str | None], object]) -> None:
         self.reply = reply
         self.task = task
         self.on_cancel = on_cancel
@@ -84,7 +84,7 @@ class RemoteLeases:
         if kind == "cancel":
             why = message[2]
             if why is None:
-                asked.on_cancel()
+                asked.on_cancel(message[3])
             elif asked.task is not None and not asked.task.done():
                 asked.preempted = why
                 asked.task.cancel(why)
@@ -99,9 +99,10 @@ class RemoteLeases:
 
     @contextlib.asynccontextmanager
     async def lease(self, model: ModelConfig, options: AcquireOptions, shown: Shown,
-                    on_cancel: Callable[[], object]) -> AsyncIterator[Lease]:
+                    on_cancel: Callable[[str | None], object]) -> AsyncIterator[Lease]:
         """`model`'s lease from main, held for the block; `shown`: what main's in-flight list shows;
-        `on_cancel`: what an in-flight cancel from main does to this request."""
+        `on_cancel(shown_id)`: what a cancel from main's in-flight list (of its entry `shown_id`) does to this
+        request."""
         channel = self.channel
         if channel is None or channel.closed:
             raise MainGone("the main process went away")

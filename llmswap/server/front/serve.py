@@ -84,7 +84,7 @@ async def _serve(conn: Connection, request: FrontRequest, plan: FastPlan, record
         if not entry.cancelled or conn.gone or task is None:
             raise  # the client left, or the server is stopping
         task.uncancel()
-        message = cancelled_message(entry.id)
+        message = cancelled_message(entry.label or entry.id)
         log.info("%s %s: %s", request.method, request.path, message)
         recording.fail(CANCELLED_STATUS, message)
         if record.answering:
@@ -142,10 +142,11 @@ async def _leased_remotely(conn: Connection, request: FrontRequest, plan: FastPl
 
     headers = tuple((str(name), value) for name, value in request.headers.items())  # plain str for marshal
     shown = Shown(request.method, request.path, headers, request.remote)
-    entry_id = served.entry.id
+    entry = served.entry
 
-    def cancel() -> None:  # main's in-flight cancel is this process's own: the same clean end
-        tracker_of(plan.state).cancel(entry_id)
+    def cancel(shown_id: str | None) -> None:  # main's in-flight cancel is this process's own: a clean end
+        entry.label = shown_id  # that names the request as main's list shows it
+        tracker_of(plan.state).cancel(entry.id)
 
     asking = replace(plan.asking, on_granted=on_granted)
     try:

@@ -64,7 +64,7 @@ class Pair:
         self.leases.channel = worker_end
 
     def lease(self, model: str, options: AcquireOptions = NO_OPTIONS, on_cancel: Any = None) -> Any:
-        return self.leases.lease(self.cfg.models[model], options, SHOWN, on_cancel or (lambda: None))
+        return self.leases.lease(self.cfg.models[model], options, SHOWN, on_cancel or (lambda _: None))
 
     async def settle(self) -> None:
         for _ in range(5):  # a message each way, each a loop turn to write and one to read

@@ -110,11 +110,15 @@ async def test_mains_cancel_ends_a_workers_request_and_the_model_serves_on(tmp_p
             return len(await in_flight()) == 5
 
         await eventually(all_in_flight, within=WITHIN, what="every request in flight")
-        for entry in await in_flight():
-            async with http.post(f"{server.url}/api/inflight/{entry['id']}/cancel") as response:
+        ids = {entry["id"] for entry in await in_flight()}
+        for entry_id in ids:
+            async with http.post(f"{server.url}/api/inflight/{entry_id}/cancel") as response:
                 assert response.status == 200, await response.text()
+        named = set()
         for status, text in await asyncio.gather(*answers):
-            assert status == 502 and "cancelled through /api/inflight/" in text
+            assert status == 502, text
+            named.add(text.split("cancelled through /api/inflight/")[1].split("/")[0])
+        assert named == ids, "each answer names the request as main's list showed it"
 
         async def none_in_flight() -> bool:  # a worker's request leaves as its end reaches main, just after
             return await in_flight() == []

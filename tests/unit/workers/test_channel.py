@@ -105,3 +105,17 @@ async def test_the_messages_sent_in_one_loop_turn_leave_in_one_write_and_arrive_
     sender.send(("dropped",))  # closed: nothing happens
     await asyncio.sleep(0)
     assert len(writes) == 1
+
+
+def test_a_handler_that_fails_on_one_message_does_not_end_the_channel() -> None:
+    heard: list[Message] = []
+
+    def handle(_: Channel, message: Message) -> None:
+        if message[0] == "bad":
+            raise RuntimeError("a bug in a handler")
+        heard.append(message)
+
+    channel = Channel(handle)
+    channel.data_received(frame(("bad",)) + frame(("good", 1)))
+    channel.data_received(frame(("good", 2)))
+    assert heard == [("good", 1), ("good", 2)] and not channel.closed
