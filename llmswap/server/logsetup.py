@@ -231,6 +231,7 @@ class _Stream(logging.StreamHandler, _Installed):  # type: ignore[type-arg]
     def __init__(self, stream: TextIO) -> None:
         super().__init__(stream)
         self._held: list[str] = []
+        self._due_on: asyncio.AbstractEventLoop | None = None  # the loop a flush is scheduled on
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -241,19 +242,23 @@ class _Stream(logging.StreamHandler, _Installed):  # type: ignore[type-arg]
         self.put(text)
 
     def put(self, text: str) -> None:
+        held = self._held
+        held.append(text + self.terminator)
+        due = self._due_on
+        if due is not None and due.is_running():
+            return  # the loop that will flush is running: this line goes with that flush
         try:
-            loop = asyncio.get_running_loop()
+            loop = asyncio.get_running_loop()  # a system call in Python 3.11: once per pass, not per line
         except RuntimeError:
-            loop = None
-        self._held.append(text + self.terminator)
-        if loop is None:
-            self.flush()
-        elif len(self._held) == 1:
-            loop.call_soon(self.flush)
+            self.flush()  # off the loop (or its loop stopped first): now, after what was held
+            return
+        self._due_on = loop
+        loop.call_soon(self.flush)
 
     def flush(self) -> None:
         # Also called by logging.shutdown at exit, so nothing held is lost when the loop stops first.
         with self.lock or contextlib.nullcontext():
+            self._due_on = None
             if self._held:
                 text, self._held = "".join(self._held), []
                 try:

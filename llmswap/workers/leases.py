@@ -99,10 +99,11 @@ class RemoteLeases:
 
     @contextlib.asynccontextmanager
     async def lease(self, model: ModelConfig, options: AcquireOptions, shown: Shown,
-                    on_cancel: Callable[[str | None], object]) -> AsyncIterator[Lease]:
+                    on_cancel: Callable[[str | None], object],
+                    on_granted: Callable[[float], None] | None = None) -> AsyncIterator[Lease]:
         """`model`'s lease from main, held for the block; `shown`: what main's in-flight list shows;
         `on_cancel(shown_id)`: what a cancel from main's in-flight list (of its entry `shown_id`) does to this
-        request."""
+        request; `on_granted`: told the seconds of its wait its model spent loading (else `options`')."""
         channel = self.channel
         if channel is None or channel.closed:
             raise MainGone("the main process went away")
@@ -120,8 +121,9 @@ class RemoteLeases:
                 _, _, status, code, message, retry_after = reply
                 raise Refused(status, code, message, retry_after)
             _, _, waited, load = reply
-            if options.on_granted is not None:
-                options.on_granted(load)
+            told = on_granted or options.on_granted
+            if told is not None:
+                told(load)
             process = cast(ProcessLike, _ModelOnly(model))
             try:
                 yield Lease(process, self.pool.upstream(model.id, model.timeouts), waited)

@@ -148,9 +148,8 @@ async def _leased_remotely(conn: Connection, request: FrontRequest, plan: FastPl
         entry.label = shown_id  # that names the request as main's list shows it
         tracker_of(plan.state).cancel(entry.id)
 
-    asking = replace(plan.asking, on_granted=on_granted)
     try:
-        async with remote.lease(plan.model, asking, shown, cancel) as lease:
+        async with remote.lease(plan.model, plan.asking, shown, cancel, on_granted) as lease:
             return await _granted(conn, request, plan, lease, served)
     except SchedulerError as err:
         return await _refused(conn, request, served, err)
