@@ -248,7 +248,7 @@ class Server:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         # Workers get the same grace as this process's answers, their leases ending here as they finish.
-        workers = asyncio.ensure_future(self.workers.stop() if self.workers is not None else asyncio.sleep(0))
+        workers = asyncio.ensure_future(self.workers.stop()) if self.workers is not None else None
         router_grace = UPSTREAM_STOP_GRACE
         if self.runner is not None:
             # Stops accepting, closes idle connections, waits up to the grace for handlers, cancels the rest.
@@ -264,7 +264,8 @@ class Server:
             hurry.cancel()
             if cleanup.done() and not cleanup.cancelled() and cleanup.exception() is not None:
                 log.error("shutdown: closing the HTTP server failed: %r", cleanup.exception())
-        await workers
+        if workers is not None:
+            await workers
         await self._shutdown_router(HURRY_GRACE if self._hurry.is_set() else router_grace)
         log.info("llmswap stopped")
 

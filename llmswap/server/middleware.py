@@ -44,6 +44,10 @@ class AccessRecord:
     load: float | None = None  # seconds of `waited` its model spent loading (the rest was queueing)
     answering: bool = False  # the answer's status line went out: no other response can follow
 
+    def loaded(self, seconds: float) -> None:
+        """The router's `on_granted`: of the request's wait, its model spent `seconds` loading."""
+        self.load = seconds
+
 
 class Answered(NamedTuple):
     """What the request observers learn about one answered request: the same whichever front served it

@@ -50,7 +50,7 @@ from llmswap.server.middleware import REQUEST_OBSERVERS, Answered
 from llmswap.server.profiles import active_profile
 from llmswap.server.state import STATE, ServerState
 from llmswap.workers.channel import Channel, Message
-from llmswap.workers.handover import HandOverSender, NotMovable, adopt_into, receive_hand_overs
+from llmswap.workers.handover import HandOverSender, adopt_into, receive_hand_overs
 from llmswap.workers.leases import REMOTE_LEASES, RemoteLeases
 from llmswap.workers.supervisor import WORKER_INDEX_ENV
 
@@ -122,16 +122,9 @@ class WorkerFront:
         await serve_fast(connection, request, plan)
 
     def hand_over(self, transport: asyncio.Transport, rest: bytes, *, write_paused: bool) -> None:
-        task = asyncio.get_running_loop().create_task(self._move(transport, rest))
+        task = asyncio.get_running_loop().create_task(self.sender.move(transport, rest, "the main process"))
         self._moving.add(task)
         task.add_done_callback(self._moving.discard)
-
-    async def _move(self, transport: asyncio.Transport, rest: bytes) -> None:
-        try:
-            await self.sender.hand_over(transport, rest)
-        except (NotMovable, OSError) as exc:
-            log.warning("a connection could not move to the main process (%s); it is closed", exc)
-            transport.abort()
 
     async def stop(self, grace: float) -> None:
         for connection in list(self.connections):

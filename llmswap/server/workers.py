@@ -49,7 +49,7 @@ from llmswap.server.worker_entries import TrackedEntries
 from llmswap.server.worker_process import CONTROL_ENV, CONTROL_SOCKET, GRACE_ENV, HANDOVER_SOCKET
 from llmswap.workers.channel import Channel, Message
 from llmswap.workers.grants import GrantService
-from llmswap.workers.handover import HandOverSender, NotMovable, adopt_into, receive_hand_overs
+from llmswap.workers.handover import HandOverSender, adopt_into, receive_hand_overs
 from llmswap.workers.supervisor import Supervisor, WorkerSpec
 
 log = logging.getLogger("llmswap.workers")
@@ -79,7 +79,7 @@ class Workers:
         self._argv = argv
         self._grace = grace
         self._folder: Path | None = None
-        self._servers: list[asyncio.AbstractServer] = []
+        self._control: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.supervisor: Supervisor | None = None
         self._settles: dict[int, tuple[asyncio.Future[None], set[Channel]]] = {}
@@ -89,8 +89,8 @@ class Workers:
         self.state.extras[WORKERS_KEY] = self
         loop = asyncio.get_running_loop()
         folder = self._folder = Path(tempfile.mkdtemp(prefix="llmswap-workers-"))  # mode 0700
-        self._servers.append(await loop.create_unix_server(
-            lambda: Channel(self._on_message, self._on_lost), str(folder / CONTROL_SOCKET)))
+        self._control = await loop.create_unix_server(
+            lambda: Channel(self._on_message, self._on_lost), str(folder / CONTROL_SOCKET))
         handover = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         handover.bind(str(folder / HANDOVER_SOCKET))
         handover.listen()
@@ -121,8 +121,8 @@ class Workers:
         self._senders = []
         if self.supervisor is not None:
             await self.supervisor.stop(self._grace)
-        for server in self._servers:
-            server.close()
+        if self._control is not None:
+            self._control.close()
         for channel in list(self.channels):
             channel.close()
         for task in list(self._tasks):
@@ -274,14 +274,7 @@ class _Passing(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         transport.pause_reading()
-        self.spawn(self._move(transport))
-
-    async def _move(self, transport: asyncio.Transport) -> None:
-        try:
-            await self.sender.hand_over(transport, b"")
-        except (NotMovable, OSError) as exc:
-            log.warning("a connection could not move to a worker (%s); it is closed", exc)
-            transport.abort()
+        self.spawn(self.sender.move(transport, b"", "a worker"))
 
 
 def worker_argv(config_path: Path | None, config_dir: Path | None, host: str, log_level: str | None = None

@@ -146,6 +146,15 @@ class HandOverSender:
         finally:
             os.close(fd)  # main has its own reference now (or the connection could not move)
 
+    async def move(self, transport: asyncio.Transport, held: bytes, to: str) -> None:
+        """`hand_over`, and when the connection cannot move, say so and close it: nobody could serve it
+        (`to`: where it was going, for the log)."""
+        try:
+            await self.hand_over(transport, held)
+        except (NotMovable, OSError) as exc:
+            log.warning("a connection could not move to %s (%s); it is closed", to, exc)
+            transport.abort()
+
     async def send(self, fd: int, held: bytes) -> None:
         """Send one message: the descriptor `fd` (still the caller's to close) and `held`."""
         if len(held) > MAX_HELD:

@@ -109,11 +109,7 @@ async def _leased(conn: Connection, request: FrontRequest, plan: FastPlan, serve
         leases = dispatcher(plan.state)
         held = leases.lease_now(model_id, plan.asking, origin="http", router=plan.router)
         if held is None:  # it must wait (loading, busy, queued, a deadline): the router's queue
-
-            def on_granted(seconds: float) -> None:
-                record.load = seconds  # of its wait, its model spent this loading
-
-            asking = replace(plan.asking, on_granted=on_granted)
+            asking = replace(plan.asking, on_granted=record.loaded)
             async with leases.lease(model_id, asking, origin="http", router=plan.router) as lease:
                 return await _granted(conn, request, plan, lease, served)
         record.load = 0.0  # granted at once: nothing loaded for it
@@ -135,11 +131,6 @@ async def _refused(conn: Connection, request: FrontRequest, served: Served, err:
 
 async def _leased_remotely(conn: Connection, request: FrontRequest, plan: FastPlan, served: Served,
                            remote: RemoteLeases) -> web.StreamResponse:
-    record = served.record
-
-    def on_granted(seconds: float) -> None:
-        record.load = seconds
-
     headers = tuple((str(name), value) for name, value in request.headers.items())  # plain str for marshal
     shown = Shown(request.method, request.path, headers, request.remote)
     entry = served.entry
@@ -149,7 +140,7 @@ async def _leased_remotely(conn: Connection, request: FrontRequest, plan: FastPl
         tracker_of(plan.state).cancel(entry.id)
 
     try:
-        async with remote.lease(plan.model, plan.asking, shown, cancel, on_granted) as lease:
+        async with remote.lease(plan.model, plan.asking, shown, cancel, served.record.loaded) as lease:
             return await _granted(conn, request, plan, lease, served)
     except SchedulerError as err:
         return await _refused(conn, request, served, err)

@@ -72,6 +72,16 @@ class Pair:
         await self.main.router.wait_idle()
 
 
+async def a_held_and_b_waiting(pair: Pair) -> tuple[Any, asyncio.Task[Any]]:
+    """One model of the group at a time: a's lease held, b's asked for and waiting in main's queue."""
+    held = pair.lease("a")
+    await held.__aenter__()
+    waiting = asyncio.create_task(pair.lease("b").__aenter__())
+    await pair.settle()
+    assert pair.main.router.snapshot().waiting == {"b": 1}
+    return held, waiting
+
+
 async def started(pair: Pair, *models: str) -> Pair:
     for model in models:
         await pair.main.ready(model)
@@ -153,11 +163,7 @@ async def test_a_request_main_refuses_raises_the_schedulers_own_status_and_code(
 
 async def test_a_client_gone_while_queued_leaves_mains_queue_and_the_next_request_is_served() -> None:
     pair = await started(Pair(config("a", "b")), "a")
-    held = pair.lease("a")
-    await held.__aenter__()
-    waiting = asyncio.create_task(pair.lease("b").__aenter__())
-    await pair.settle()
-    assert pair.main.router.snapshot().waiting == {"b": 1}
+    held, waiting = await a_held_and_b_waiting(pair)
     waiting.cancel()  # the client hung up
     with pytest.raises(asyncio.CancelledError):
         await waiting
@@ -229,12 +235,8 @@ async def test_a_lease_main_preempts_raises_preempted_in_the_worker() -> None:
 
 async def test_a_worker_that_goes_away_ends_everything_it_held_or_asked_in_main() -> None:
     pair = await started(Pair(config("a", "b")), "a")
-    held = pair.lease("a")
-    await held.__aenter__()
-    waiting = asyncio.create_task(pair.lease("b").__aenter__())
-    await pair.settle()
-    snapshot = pair.main.router.snapshot()
-    assert snapshot.in_flight == {"a": 1} and snapshot.waiting == {"b": 1}
+    _held, waiting = await a_held_and_b_waiting(pair)  # kept referenced: a lease let go would end
+    assert pair.main.router.snapshot().in_flight == {"a": 1}
     assert pair.leases.channel is not None
     pair.leases.channel.close()  # the worker died
     with pytest.raises(MainGone):
