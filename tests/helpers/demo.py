@@ -8,6 +8,7 @@ address before the process starts (e.g. a ModelConfig's ``proxy``).
 import asyncio
 import contextlib
 import os
+import random
 import re
 import signal
 import socket
@@ -21,11 +22,40 @@ HOST = "127.0.0.1"
 _LISTENING = re.compile(r"^llmswap-demo: listening on http://(?:\[[^\]]+\]|[^:/]+):(\d+) ")
 
 
+# Ports handed out by free_port and free_port_run in this test run, never handed out again.
+_HANDED_OUT: set[int] = set()
+_PICKER = random.SystemRandom()
+# Below the kernel's ephemeral range (32768 and up on Linux), where every listener bound to port 0 (an
+# in-process server, a demo on --port 0) and every outgoing connection takes its port: so none of those
+# can take a port handed out here before its user binds it, as happened when free_port asked for port 0.
+_RANGE = (20000, 32000)
+
+
 def free_port(host: str = HOST) -> int:
-    """A TCP port nothing listens on right now (another process could still take it before you bind)."""
+    """A TCP port nothing listens on right now, picked where nothing else picks (see `_RANGE`) and not
+    handed out before in this run."""
+    return free_port_run(1, host)
+
+
+def free_port_run(count: int, host: str = HOST) -> int:
+    """The first of `count` consecutive free ports (for llmswap's `${PORT}`, which counts up from
+    `startPort`), as `free_port` picks them."""
+    for _ in range(500):
+        first = _PICKER.randrange(_RANGE[0], _RANGE[1] - count)
+        run = range(first, first + count)
+        if not _HANDED_OUT.intersection(run) and all(port_is_free(port, host) for port in run):
+            _HANDED_OUT.update(run)
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports found in {_RANGE[0]}-{_RANGE[1]}")
+
+
+def port_is_free(port: int, host: str = HOST) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def demo_command(model_name: str, port: int, *flags: str) -> list[str]:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import random
 import shlex
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import pytest
 import pytest_asyncio
 
 from tests.helpers.cli import LlmswapProcess, running_llmswap, write_config
-from tests.helpers.demo import HOST
+from tests.helpers.demo import HOST, free_port_run
 from tests.helpers.gguf_model import SIZES, llama_cpp_server_argv, tiny_llama
 
 MODELS = ("tiny", "small")
@@ -29,30 +27,6 @@ MODELS = ("tiny", "small")
 SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context",
                   "pydantic_settings")
 START_WITHIN = 60.0  # a cold llama_cpp.server imports FastAPI and loads the model: seconds on a busy machine
-
-
-def free_port_run(count: int) -> int:
-    """The first of `count` consecutive free ports, for llmswap's `${PORT}`, which counts up from `startPort`.
-
-    Picked at random below the kernel's ephemeral range (32768 and up on Linux). In that range live other
-    tests' free_port() picks and the local ports of outgoing connections, and the kernel tends to hand out
-    the port after a free one next: llmswap's second model would find it taken.
-    """
-    picker = random.SystemRandom()
-    for _ in range(200):
-        first = picker.randrange(20000, 32000)
-        if all(port_is_free(port) for port in range(first, first + count)):
-            return first
-    raise RuntimeError(f"no {count} consecutive free ports found in 20000-32000")
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-    return True
 
 
 def missing_server_modules() -> list[str]:
