@@ -13,8 +13,11 @@ over the control channel (`llmswap.workers.channel`):
 - log records at the config's level, logged again by main as this worker's.
 
 Connections arrive from main over the hand-over socket (`llmswap.workers.handover`), and any request that
-is not fast goes back there with its connection. On SIGTERM it closes its idle connections, lets answers in
-flight finish within the grace main gives, and exits; it exits as well when main's channels close.
+is not fast goes back there with its connection. When main sends no more (the end of that channel: a
+reload started new workers), every connection goes back to main at its next request boundary, and the
+worker exits once it holds none. On SIGTERM (main stops) it closes its idle connections, lets answers in
+flight finish within the grace main gives, with `Connection: close`, and exits; it exits as well when
+main's control channel closes.
 """
 
 from __future__ import annotations
@@ -108,15 +111,19 @@ class WorkerFront:
         self.sender = sender
         self.connections: set[FrontConnection] = set()
         self._moving: set[asyncio.Task[None]] = set()
+        self._emptied: asyncio.Future[None] | None = None  # while retiring: set when nothing is left here
 
     def header_timeout(self) -> float:
         return self.app[STATE].config.client_header_timeout
 
     def held(self, connection: FrontConnection) -> None:
         self.connections.add(connection)
+        if self._emptied is not None:
+            connection.loop.call_soon(connection.move_on)  # once it has what it was handed over with
 
     def released(self, connection: FrontConnection) -> None:
         self.connections.discard(connection)
+        self._check_emptied()
 
     async def serve(self, connection: FrontConnection, request: FrontRequest, plan: FastPlan) -> None:
         await serve_fast(connection, request, plan)
@@ -124,7 +131,25 @@ class WorkerFront:
     def hand_over(self, transport: asyncio.Transport, rest: bytes, *, write_paused: bool) -> None:
         task = asyncio.get_running_loop().create_task(self.sender.move(transport, rest, "the main process"))
         self._moving.add(task)
-        task.add_done_callback(self._moving.discard)
+        task.add_done_callback(self._moved)
+
+    def _moved(self, task: asyncio.Task[None]) -> None:
+        self._moving.discard(task)
+        self._check_emptied()
+
+    def _check_emptied(self) -> None:
+        emptied = self._emptied
+        if emptied is not None and not self.connections and not self._moving and not emptied.done():
+            emptied.set_result(None)
+
+    async def retire(self) -> None:
+        """Main sends no more connections (a reload started new workers): give each one back at its next
+        request boundary, idle ones now, and return once none is left here."""
+        self._emptied = asyncio.get_running_loop().create_future()
+        for connection in list(self.connections):
+            connection.move_on()
+        self._check_emptied()
+        await self._emptied
 
     async def stop(self, grace: float) -> None:
         for connection in list(self.connections):
@@ -211,6 +236,10 @@ async def _receive(channel: socket.socket, front: WorkerFront, ended: asyncio.Ev
 
     try:
         await receive_hand_overs(channel, adopt)
+        # The channel's end: main sends no more connections (a reload; were main gone, the control
+        # channel says so and this is cancelled). The ones it did send are adopted, then all go back.
+        await asyncio.gather(*adopting, return_exceptions=True)
+        await front.retire()
     except ConnectionError as exc:
         log.warning("the connection channel from main broke: %s", exc)
     finally:

@@ -14,7 +14,8 @@ as main (`llmswap.server.worker_process`). Everything else stays main's, one own
 - connections: a request a worker does not serve (any route but the fast ones, a stream, a refusal...)
   moves to main with its connection (`llmswap.workers.handover`) and is served by main's front;
 - state: a worker reads the config sources itself at start; a reload restarts the workers (answers in
-  flight finish on the old ones, as in main), and the active profile is sent to each as it changes.
+  flight finish on the old ones, as in main, and their connections come back to be shared anew: a reload
+  closes none), and the active profile is sent to each as it changes.
 
 Main's two Unix sockets (control messages, hand-overs) are in a private folder (mode 0700) removed at the
 stop. TLS turns workers off (a TLS session cannot move between processes), as does `--workers 0`.
@@ -23,6 +24,7 @@ stop. TLS turns workers off (a TLS session cannot move between processes), as do
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -61,6 +63,7 @@ WORKERS_KEY = "workers"  # ServerState.extras key of the running `Workers`
 # bottleneck and the worker at 0.6 of a core).
 MAIN_SHARE, WORKER_SHARE = 2, 3
 SETTLE_WAIT = 2.0  # seconds a reader of activity waits for the workers' rows at most
+PAIR_WAIT = 30.0  # seconds a reload waits for its new workers before the old ones give their connections back
 
 
 class Workers:
@@ -82,6 +85,7 @@ class Workers:
         self._control: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.supervisor: Supervisor | None = None
+        self._pairing: asyncio.Future[None] | None = None  # resolved when a worker's channel pairs
         self._settles: dict[int, tuple[asyncio.Future[None], set[Channel]]] = {}
         self._settle_ids = 0
 
@@ -105,16 +109,29 @@ class Workers:
         await self.supervisor.start(self.count)
 
     async def restart(self) -> None:
-        """New workers on the current config (after a reload); the old ones stop accepting at once and
-        finish their answers within the grace."""
+        """New workers on the current config (after a reload). The old ones get no new connection, finish
+        their answers and give every connection back at its next request boundary (shared anew, see
+        `_adopt`: no client loses its keep-alive connection to a reload), then exit by themselves; those
+        still running after the grace are stopped."""
         old = self.supervisor
         if old is None:
             return
-        leaving = list(self._senders)
+        leaving = self._senders
+        self._senders = []  # no new connection for the old ones: main serves them until the new ones are in
         self.supervisor = Supervisor(self._spec)
         await self.supervisor.start(self.count)
-        self._senders = [sender for sender in self._senders if sender not in leaving]  # no new connections
-        await old.stop(self._grace)
+        await self._paired(self.count, PAIR_WAIT)  # so that the connections given back are shared with them
+        await asyncio.gather(*(sender.finish() for sender in leaving))  # each worker reads its channel's end
+        await old.stop(self._grace, leaving=self._grace)
+
+    async def _paired(self, count: int, within: float) -> None:
+        """Wait until `count` workers take connections, or `within` seconds have passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while len(self._senders) < count and loop.time() < deadline:
+            self._pairing = loop.create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._pairing, deadline - loop.time())
 
     async def stop(self) -> None:
         self.front.share = None
@@ -201,15 +218,20 @@ class Workers:
     # ------------------------------------------------------------------ connections
 
     def _share(self) -> asyncio.Protocol | None:
-        """New connections in turn, MAIN_SHARE of them to this process (None) for every WORKER_SHARE to
-        each worker: this process also grants and records the workers' requests."""
+        """Where a new connection goes: this process (None), or a worker's `_Passing`."""
+        sender = self._next_owner()
+        return None if sender is None else _Passing(sender, self._spawn)
+
+    def _next_owner(self) -> HandOverSender | None:
+        """Connections in turn, MAIN_SHARE of them to this process (None) for every WORKER_SHARE to each
+        worker: this process also grants and records the workers' requests."""
         senders = self._senders
         if not senders:
             return None
         self._turn = turn = (self._turn + 1) % (MAIN_SHARE + WORKER_SHARE * len(senders))
         if turn < MAIN_SHARE:
             return None
-        return _Passing(senders[(turn - MAIN_SHARE) % len(senders)], self._spawn)
+        return senders[(turn - MAIN_SHARE) % len(senders)]
 
     async def _accept_hand_overs(self, listening: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -224,6 +246,8 @@ class Workers:
         """One worker's connection channel: connections go there in turn, and come back from there."""
         sender = HandOverSender(channel)
         self._senders.append(sender)
+        if self._pairing is not None and not self._pairing.done():
+            self._pairing.set_result(None)
         try:
             await receive_hand_overs(channel, self._adopt)
         except ConnectionError as exc:
@@ -234,6 +258,24 @@ class Workers:
             channel.close()
 
     def _adopt(self, sock: socket.socket, held: bytes) -> None:
+        """A connection a worker gave back: with a request (`held`) that main serves, or idle (a retiring
+        worker's), then shared anew like a new one."""
+        owner = None if held else self._next_owner()
+        if owner is not None:
+            self._spawn(self._pass_on(owner, sock))
+        else:
+            self._adopt_here(sock, held)
+
+    async def _pass_on(self, owner: HandOverSender, sock: socket.socket) -> None:
+        try:
+            await owner.send(sock.fileno(), b"")
+        except OSError as exc:  # that worker is going too: serve it here
+            log.debug("an idle connection could not move to a worker (%s); main serves it", exc)
+            self._adopt_here(sock, b"")
+            return
+        sock.close()  # the worker holds it now
+
+    def _adopt_here(self, sock: socket.socket, held: bytes) -> None:
         front = self.front
         self._spawn(adopt_into(asyncio.get_running_loop(), sock, held, lambda: FrontConnection(front)))
 

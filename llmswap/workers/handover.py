@@ -33,7 +33,7 @@ import os
 import socket
 import struct
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Generic, TypeVar
 
 log = logging.getLogger("llmswap.workers")
@@ -121,7 +121,9 @@ async def detach(transport: asyncio.Transport) -> int:
 
 
 class HandOverSender:
-    """The worker's end of its channel to main: moves connections there, one whole message at a time.
+    """One end of a channel between main and a worker: moves connections to the other end, one whole
+    message at a time (a worker gives main the requests it does not serve; main passes new connections to a
+    worker, and `finish`es when a reload retires it).
 
     The channel is a connected AF_UNIX stream socket carrying hand-overs and nothing else; it is made
     non-blocking and stays the caller's to close. Concurrent hand-overs queue on a lock so that their
@@ -133,6 +135,32 @@ class HandOverSender:
         self.channel = channel
         self._lock = asyncio.Lock()
         self._broken = False
+        self._busy: set[asyncio.Task[object]] = set()  # the tasks moving or sending a connection now
+        self._last: set[asyncio.Task[object]] | None = None  # once finishing: the ones still let through
+
+    async def finish(self) -> None:
+        """No connection goes this way after the ones under way (a later one is refused: ChannelError);
+        once those are sent, the other end reads the channel's end (its write side is shut; what comes
+        back on it still arrives)."""
+        current = asyncio.current_task()
+        self._last = {task for task in self._busy if task is not current}
+        await asyncio.gather(*self._last, return_exceptions=True)
+        async with self._lock:
+            with contextlib.suppress(OSError):
+                self.channel.shutdown(socket.SHUT_WR)
+
+    @contextlib.contextmanager
+    def _under_way(self) -> Iterator[None]:
+        """The current task moves or sends a connection for the duration (what `finish` waits for)."""
+        task = asyncio.current_task()
+        if task is None or task in self._busy:  # already counted (a move sends)
+            yield
+            return
+        self._busy.add(task)
+        try:
+            yield
+        finally:
+            self._busy.discard(task)
 
     async def hand_over(self, transport: asyncio.Transport, held: bytes) -> None:
         """Give main the connection under `transport`, to be served from `held` (the bytes read from it
@@ -150,7 +178,8 @@ class HandOverSender:
         """`hand_over`, and when the connection cannot move, say so and close it: nobody could serve it
         (`to`: where it was going, for the log)."""
         try:
-            await self.hand_over(transport, held)
+            with self._under_way():
+                await self.hand_over(transport, held)
         except (NotMovable, OSError) as exc:
             log.warning("a connection could not move to %s (%s); it is closed", to, exc)
             transport.abort()
@@ -161,9 +190,15 @@ class HandOverSender:
             raise ValueError(f"{len(held)} held bytes are more than a hand-over carries ({MAX_HELD})")
         message = HEADER.pack(len(held)) + held
         loop = asyncio.get_running_loop()
+        with self._under_way():
+            await self._send(loop, message, fd)
+
+    async def _send(self, loop: asyncio.AbstractEventLoop, message: bytes, fd: int) -> None:
         async with self._lock:
             if self._broken:
                 raise ChannelError("the channel to main broke in the middle of a hand-over")
+            if self._last is not None and asyncio.current_task() not in self._last:
+                raise ChannelError("the channel takes no more connections")
             while True:
                 try:
                     sent = socket.send_fds(self.channel, [message], [fd])

@@ -159,22 +159,29 @@ class Supervisor:
         for slot in self._slots:
             await slot.first_attempt.wait()
 
-    async def stop(self, grace: float) -> None:
+    async def stop(self, grace: float, *, leaving: float = 0.0) -> None:
         """SIGTERM to every worker, SIGKILL to those still running after `grace` seconds; return once every
-        worker is reaped. Calling it again waits for the same stop."""
+        worker is reaped. `leaving`: seconds the workers get first to exit by themselves (asked another
+        way, over their channel), none started again meanwhile; the signals go to those still running
+        after it. Calling it again waits for the same stop."""
         if self._stopped is not None:
             await asyncio.shield(self._stopped)
             return
         self._stopped = asyncio.get_running_loop().create_future()
         try:
-            await self._stop(grace)
+            await self._stop(grace, leaving)
         finally:
             self._stopped.set_result(None)
 
-    async def _stop(self, grace: float) -> None:
-        self._stop_signal = signal.SIGTERM
+    async def _stop(self, grace: float, leaving: float) -> None:
         self._stopping.set()
         tasks = [slot.task for slot in self._slots if slot.task is not None]
+        if tasks and leaving > 0:
+            _, still = await asyncio.wait(tasks, timeout=leaving)
+            if still:
+                log.warning("%d worker(s) still running %gs after they were asked to leave: SIGTERM",
+                            len(still), leaving)
+        self._stop_signal = signal.SIGTERM
         for slot in self._slots:
             self._signal(slot, signal.SIGTERM)
         if not tasks:

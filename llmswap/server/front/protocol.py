@@ -271,6 +271,19 @@ class FrontConnection(asyncio.Protocol):
             self._arm_head_timer()  # the next head is bounded like the first
         self._next()
 
+    def move_on(self) -> None:
+        """Give the connection to the front's next owner (`Front.hand_over`) at the next request boundary:
+        now when nothing is being answered, else once the current answer is out. Requests read but not
+        answered yet go with it, as bytes."""
+        if self.gone or self._hand_over_at is not None:
+            return
+        if self._waiting:
+            self._hand_over_at = self._waiting[0][0].start
+            self._waiting.clear()
+        else:
+            self._hand_over_at = self._message.start if self._message is not None else self._next_start
+        self._next()
+
     def close_if_idle(self) -> None:
         """The server stops: close now when nothing is being answered, else after the current answer."""
         self.closing = True

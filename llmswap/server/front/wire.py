@@ -30,9 +30,10 @@ def _empty_body(status: int) -> bool:
 async def prepared_head(request: FrontRequest, response: web.StreamResponse, wire: Wire
                         ) -> tuple[bytes, bool]:
     """Run the app's response hooks on `response`, then its head (bytes) and whether its body is chunked.
-    A response that is not to be kept alive marks the connection `closing`."""
+    A response that is not to be kept alive marks the connection `closing`, and one on a connection already
+    `closing` (the server or worker stops) says `Connection: close`."""
     await request.app.on_response_prepare.send(request, response)  # type: ignore[arg-type]
-    keep_alive = request.keep_alive and response.keep_alive is not False
+    keep_alive = request.keep_alive and response.keep_alive is not False and not wire.closing
     headers = response.headers
     status = response.status
     chunked = False

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from llmswap.workers.handover import HEADER, HandOverSender, NotMovable, detach, receive_hand_overs
+from llmswap.workers.handover import (
+    HEADER,
+    ChannelError,
+    HandOverSender,
+    NotMovable,
+    detach,
+    receive_hand_overs,
+)
 from tests.integration.workers.conftest import Rig
 from tests.integration.workers.peers import ask, read_answer, request
 
@@ -226,3 +233,36 @@ async def test_hand_overs_larger_than_the_channel_holds_wait_their_turn_and_arri
     receiving.cancel()
     main_end.close()
     worker_end.close()
+
+
+async def test_finish_lets_the_hand_overs_under_way_arrive_then_the_reader_sees_the_end() -> None:
+    main_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    sender = HandOverSender(main_end)  # main's end: a retiring worker gets no connection after these
+    connections = [socket.socketpair() for _ in range(3)]
+    helds = [bytes([ord("a") + number]) * (300 * 1024) for number in range(len(connections))]
+    sending = asyncio.gather(*(sender.send(moved.fileno(), held)
+                               for (moved, _), held in zip(connections, helds, strict=True)))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not sending.done()  # the channel is full: they are under way
+
+    finishing = asyncio.get_running_loop().create_task(sender.finish())
+    await asyncio.sleep(0)
+    spare, spare_peer = socket.socketpair()
+    late = asyncio.get_running_loop().create_task(sender.send(spare.fileno(), b"late"))
+    got: list[tuple[socket.socket, bytes]] = []
+
+    # Returns at the channel's end: every hand-over under way arrived first, the late one never did.
+    await asyncio.wait_for(receive_hand_overs(worker_end, lambda sock, held: got.append((sock, held))), 5)
+
+    await asyncio.wait_for(finishing, 5)
+    assert [held for _, held in got] == helds
+    with pytest.raises(ChannelError, match="no more connections"):
+        await late
+    await asyncio.wait_for(sending, 5)
+    worker_end.sendall(b"back")  # the other way stays open: a worker still gives connections back
+    main_end.settimeout(5)
+    assert main_end.recv(10) == b"back"
+    for sock in (main_end, worker_end, spare, spare_peer, *(s for pair in connections for s in pair),
+                 *(adopted for adopted, _ in got)):
+        sock.close()

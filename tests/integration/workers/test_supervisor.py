@@ -1,5 +1,6 @@
 """The supervisor with real worker processes (small Python scripts): started, restarted with the backoff when
-they die, stopped with SIGTERM and the grace's SIGKILL, serving a listening socket they inherited."""
+they die, stopped with SIGTERM and the grace's SIGKILL (after they had time to leave by themselves, when
+asked), serving a listening socket they inherited."""
 
 from __future__ import annotations
 
@@ -144,6 +145,27 @@ async def test_stop_kills_the_worker_that_ignores_sigterm_once_the_grace_is_over
     assert stopped == [(0, -signal.SIGTERM, False), (1, -signal.SIGKILL, False)]
     assert supervisor.pids == [None, None]
     assert not any(alive(pid) for pid in ready_pids(tmp_path))
+
+
+async def test_a_stop_lets_workers_leave_by_themselves_first_and_signals_only_the_one_that_stays(
+        supervise: Supervise, tmp_path: Path) -> None:
+    leave = tmp_path / "leave"
+    supervisor, events = supervise([sys.executable, SCRIPT, "leave-on", str(leave)],
+                                   env={"STAY": "1", "READY_DIR": str(tmp_path)})
+    await supervisor.start(2)
+
+    async def both_set_up() -> bool:
+        return len(ready_pids(tmp_path)) == 2
+    await eventually(both_set_up, what="both workers running")
+
+    stopping = asyncio.create_task(supervisor.stop(5, leaving=0.5))
+    await asyncio.sleep(0)  # the stop began: an exit from now on is not restarted
+    leave.touch()  # what a retiring worker's channel tells it
+    await stopping
+
+    stopped = sorted((event.index, event.returncode, event.restarting) for event in events.of(WorkerExited))
+    assert stopped == [(0, 0, False), (1, -signal.SIGTERM, False)], "0 left by itself; 1 got SIGTERM"
+    assert len(events.of(WorkerStarted)) == 2 and supervisor.pids == [None, None]
 
 
 async def test_workers_accept_on_the_listening_socket_they_inherit(supervise: Supervise) -> None:

@@ -1,12 +1,13 @@
 """`llmswap --workers 1` as a user runs it: real processes, the demo upstream, real HTTP. Every request is
 answered whichever process took its connection; main keeps the one in-flight list, activity, access log
 and counts; a request a worker does not serve moves to main on the same connection; main's cancel ends a
-worker's request; a reload or a crash gives new workers and serving goes on; the active profile reaches
-the workers."""
+worker's request; a reload or a crash gives new workers and serving goes on, and a reload closes no
+connection; the active profile reaches the workers."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from pathlib import Path
@@ -148,6 +149,102 @@ async def test_a_reload_or_a_crash_gives_a_new_worker_and_serving_goes_on(tmp_pa
             return (await get(http, server, "/api/inflight"))["requests"] == []
 
         await eventually(none_in_flight, within=WITHIN, what="nothing left in flight")
+
+
+class RawConnection:
+    """One keep-alive HTTP/1.1 connection of its own, read by hand: the test sees whether it stays open."""
+
+    def __init__(self, host: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.host, self.reader, self.writer = host, reader, writer
+
+    @classmethod
+    async def open(cls, server: LlmswapProcess) -> RawConnection:
+        host = server.url.removeprefix("http://")
+        name, port = host.rsplit(":", 1)
+        return cls(host, *await asyncio.open_connection(name, int(port)))
+
+    def send(self, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        head = f"POST {CHAT} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+        self.writer.write(head.encode() + b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+
+    async def answer(self) -> tuple[int, dict[str, str], bytes]:
+        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), WITHIN)
+        status_line, *lines = head.decode("latin-1").split("\r\n")[:-2]
+        headers = {name.lower(): value.strip() for name, value in (line.split(":", 1) for line in lines)}
+        body = await self.reader.readexactly(int(headers["content-length"]))
+        return int(status_line.split()[1]), headers, body
+
+    async def ask(self, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
+        self.send(body)
+        return await self.answer()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def test_a_reload_closes_no_connection_a_worker_held_idle_or_answering(tmp_path: Path) -> None:
+    async with running_llmswap(config(tmp_path, "--tokens-per-second", "20"), "--workers", "1") as server, \
+            aiohttp.ClientSession() as http:
+        first = await ready(http, server)
+        # Five new connections in a row: three of them are the worker's, whatever the turn.
+        connections = [await RawConnection.open(server) for _ in range(5)]
+        for connection in connections:
+            status, _, _ = await connection.ask(chat())
+            assert status == 200
+        [worker] = await workers(http, server)
+        assert worker["served"] == 3
+        for connection in connections[:2]:
+            connection.send(chat(max_tokens=20))  # answering through the reload (about a second each)
+        await eventually(lambda: _in_flight(http, server, 2), within=WITHIN, what="two requests in flight")
+
+        server.send_signal(signal.SIGHUP)
+        second = await ready(http, server, not_pid=first)
+
+        async def old_one_left() -> bool:
+            return [w["pid"] for w in await workers(http, server)] == [second]
+
+        await eventually(old_one_left, within=WITHIN, what="the old worker gone")
+        await server.wait_for_output(f"worker 0 (pid {first}) stopped (exit status 0)", within=WITHIN)
+        for connection in connections[:2]:
+            status, headers, body = await connection.answer()
+            assert status == 200 and "close" not in headers.get("connection", ""), headers
+            assert json.loads(body)["usage"]["completion_tokens"] == 20
+        for connection in connections:  # every connection is still open, wherever it went
+            status, headers, _ = await connection.ask(chat())
+            assert status == 200 and "close" not in headers.get("connection", ""), headers
+            connection.close()
+        assert sum(w["served"] for w in await workers(http, server)) >= 1, "the new worker took some back"
+
+
+async def test_a_workers_answer_in_flight_at_the_stop_says_connection_close(tmp_path: Path) -> None:
+    async with running_llmswap(config(tmp_path, "--tokens-per-second", "10"), "--workers", "1") as server, \
+            aiohttp.ClientSession() as http:
+        await ready(http, server)
+        for _ in range(5):  # the first new connection the worker takes
+            connection = await RawConnection.open(server)
+            served = sum(w["served"] for w in await workers(http, server))
+            await connection.ask(chat(max_tokens=1))
+            if sum(w["served"] for w in await workers(http, server)) > served:
+                break
+            connection.close()
+        else:
+            raise AssertionError("no connection went to the worker")
+        connection.send(chat(max_tokens=10))  # about a second
+        await eventually(lambda: _in_flight(http, server, 1), within=WITHIN, what="the request in flight")
+
+        server.send_signal(signal.SIGTERM)
+
+        status, headers, body = await connection.answer()
+        assert status == 200 and headers.get("connection") == "close", headers
+        assert json.loads(body)["usage"]["completion_tokens"] == 10
+        assert await asyncio.wait_for(connection.reader.read(), WITHIN) == b""  # closed after it
+        connection.close()
+        assert await server.wait_exit(WITHIN) == 0
+
+
+async def _in_flight(http: aiohttp.ClientSession, server: LlmswapProcess, count: int) -> bool:
+    return len((await get(http, server, "/api/inflight"))["requests"]) == count
 
 
 async def test_the_active_profile_reaches_the_workers(tmp_path: Path) -> None:
