@@ -2,9 +2,10 @@
 one scheduler for all of them.
 
 Python runs one request at a time per process, and a proxy that only relays small answers spends a core
-on it long before the models behind it are busy. Workers share main's listening socket (whoever is free
-accepts) and serve the front's fast requests — non-streaming JSON to a local model — with the same code
-as main (`llmswap.server.worker_process`). Everything else stays main's, one owner per behaviour:
+on it long before the models behind it are busy. Main accepts every connection and passes new ones in turn
+to the workers (`_share`), which serve the front's fast requests — non-streaming JSON to a local model —
+with the same code as main (`llmswap.server.worker_process`). Everything else stays main's, one owner per
+behaviour:
 
 - the scheduler: every lease a worker serves is granted here (`GrantService`), so `concurrencyLimit`,
   queueing, swaps, preemption and the in-flight count see every request; the in-flight list shows a
