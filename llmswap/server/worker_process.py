@@ -63,6 +63,7 @@ CONTROL_ENV = "LLMSWAP_WORKERS_DIR"  # the private folder of main's two Unix soc
 GRACE_ENV = "LLMSWAP_WORKER_GRACE"  # seconds answers in flight get to finish at a SIGTERM
 CONTROL_SOCKET = "control.sock"
 HANDOVER_SOCKET = "handover.sock"
+LEAVE_WAIT = 2.0  # seconds a worker that is done waits for main to close the control channel after it
 
 
 class ShippingRecorder(ActivityRecorder):
@@ -218,7 +219,7 @@ async def serve_worker(sources: ConfigSources, host: str, folder: Path, index: i
     receiving.cancel()
     await front.stop(grace[0])
     recorder.settle()
-    channel.close()
+    await channel.leave(LEAVE_WAIT)
     handover.close()
     await leases.pool.close()
     return 0

@@ -30,6 +30,7 @@ import logging
 import os
 import shutil
 import socket
+import struct
 import sys
 import tempfile
 from collections.abc import Callable
@@ -64,6 +65,7 @@ WORKERS_KEY = "workers"  # ServerState.extras key of the running `Workers`
 # bottleneck and the worker at 0.6 of a core).
 MAIN_SHARE, WORKER_SHARE = 2, 3
 SETTLE_WAIT = 2.0  # seconds a reader of activity waits for the workers' rows at most
+PEER_CREDENTIALS = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid of a Unix socket's other end
 PAIR_WAIT = 30.0  # seconds a reload waits for its new workers before the old ones give their connections back
 
 
@@ -86,7 +88,8 @@ class Workers:
         self._control: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.supervisor: Supervisor | None = None
-        self._pairing: asyncio.Future[None] | None = None  # resolved when a worker's channel pairs
+        self._pairing = asyncio.Condition()  # notified when a worker's channel pairs
+        self._retired: list[Supervisor] = []  # the old workers of reloads, until they are gone
         self._settles: dict[int, tuple[asyncio.Future[None], set[Channel]]] = {}
         self._settle_ids = 0
 
@@ -119,20 +122,22 @@ class Workers:
             return
         leaving = self._senders
         self._senders = []  # no new connection for the old ones: main serves them until the new ones are in
+        self._retired.append(old)
+        old.stop_restarting()  # its workers leave by themselves from here on
         self.supervisor = Supervisor(self._spec)
-        await self.supervisor.start(self.count)
-        await self._paired(self.count, PAIR_WAIT)  # so that the connections given back are shared with them
-        await asyncio.gather(*(sender.finish() for sender in leaving))  # each worker reads its channel's end
-        await old.stop(self._grace, leaving=self._grace)
+        try:
+            await self.supervisor.start(self.count)
+            await self._paired(self.count, PAIR_WAIT)  # so that the connections given back go to them
+            await asyncio.gather(*(sender.finish() for sender in leaving))  # each reads its channel's end
+            await old.stop(self._grace, leaving=self._grace)
+        finally:
+            self._retired.remove(old)
 
     async def _paired(self, count: int, within: float) -> None:
         """Wait until `count` workers take connections, or `within` seconds have passed."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
-        while len(self._senders) < count and loop.time() < deadline:
-            self._pairing = loop.create_future()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._pairing, deadline - loop.time())
+        with contextlib.suppress(TimeoutError):
+            async with self._pairing:
+                await asyncio.wait_for(self._pairing.wait_for(lambda: len(self._senders) >= count), within)
 
     async def stop(self) -> None:
         self.front.share = None
@@ -246,9 +251,12 @@ class Workers:
     async def _pair(self, channel: socket.socket) -> None:
         """One worker's connection channel: connections go there in turn, and come back from there."""
         sender = HandOverSender(channel)
-        self._senders.append(sender)
-        if self._pairing is not None and not self._pairing.done():
-            self._pairing.set_result(None)
+        if self._retired_worker(channel):  # a reload retired it before it got here: nothing goes to it
+            self._spawn(sender.finish())
+        else:
+            self._senders.append(sender)
+            async with self._pairing:
+                self._pairing.notify_all()
         try:
             await receive_hand_overs(channel, self._adopt)
         except ConnectionError as exc:
@@ -257,6 +265,14 @@ class Workers:
             if sender in self._senders:
                 self._senders.remove(sender)
             channel.close()
+
+    def _retired_worker(self, channel: socket.socket) -> bool:
+        """Whether the worker at the other end of `channel` (the kernel says which process it is) is one of
+        the workers a reload retired (two reloads in a row: the first one's new workers are the second's
+        old ones, and may connect after it began)."""
+        pid, _, _ = PEER_CREDENTIALS.unpack(
+            channel.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEER_CREDENTIALS.size))
+        return any(pid in supervisor.pids for supervisor in self._retired)
 
     def _adopt(self, sock: socket.socket, held: bytes) -> None:
         """A connection a worker gave back: with a request (`held`) that main serves, or idle (a retiring

@@ -15,6 +15,7 @@ of requests costs one system call each way, not one per message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import marshal
 from collections.abc import Callable
@@ -44,6 +45,8 @@ class Channel(asyncio.Protocol):
         self._outgoing: list[bytes] = []
         self._transport: asyncio.Transport | None = None
         self.closed = False
+        self._leaving = False  # `leave` said no more comes from here
+        self._gone: asyncio.Future[None] | None = None  # while leaving: set once the peer has closed too
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # a stream transport
@@ -74,8 +77,9 @@ class Channel(asyncio.Protocol):
             del buffer[:start]
 
     def send(self, message: Message) -> None:
-        """Queue `message`; it leaves with the others sent in this turn of the loop. Dropped once closed."""
-        if self.closed:
+        """Queue `message`; it leaves with the others sent in this turn of the loop. Dropped once closed (or
+        leaving)."""
+        if self.closed or self._leaving:
             return
         data = marshal.dumps(message)
         if not self._outgoing:
@@ -93,6 +97,26 @@ class Channel(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
+    async def leave(self, within: float) -> None:
+        """Close so that the peer sees a clean end: send what is queued, then the end of what this side
+        sends, and wait (at most `within` seconds) until the peer, having read it, closes its side. What the
+        peer sent meanwhile is still read and handled: closing with unread bytes in the socket would reset
+        the connection, which the peer would take for a broken channel."""
+        self._flush()
+        transport = self._transport
+        if transport is None or self.closed:
+            return
+        self._leaving = True
+        gone = self._gone = asyncio.get_running_loop().create_future()
+        try:
+            transport.write_eof()
+        except (OSError, RuntimeError):
+            transport.close()
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(gone), within)
+        transport.close()
+
     def _break(self, error: BaseException) -> None:
         if self._transport is not None:
             self._transport.abort()
@@ -106,6 +130,8 @@ class Channel(asyncio.Protocol):
             return
         self.closed = True
         self._outgoing = []
+        if self._gone is not None and not self._gone.done():
+            self._gone.set_result(None)
         if self._on_lost is not None:
             self._on_lost(self, error)
 

@@ -159,6 +159,10 @@ class Supervisor:
         for slot in self._slots:
             await slot.first_attempt.wait()
 
+    def stop_restarting(self) -> None:
+        """From now on a worker that exits stays down (they are about to leave: a stop follows)."""
+        self._stopping.set()
+
     async def stop(self, grace: float, *, leaving: float = 0.0) -> None:
         """SIGTERM to every worker, SIGKILL to those still running after `grace` seconds; return once every
         worker is reaped. `leaving`: seconds the workers get first to exit by themselves (asked another

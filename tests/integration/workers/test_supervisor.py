@@ -168,6 +168,26 @@ async def test_a_stop_lets_workers_leave_by_themselves_first_and_signals_only_th
     assert len(events.of(WorkerStarted)) == 2 and supervisor.pids == [None, None]
 
 
+async def test_a_worker_that_exits_once_restarts_stopped_stays_down(supervise: Supervise,
+                                                                    tmp_path: Path) -> None:
+    leave = tmp_path / "leave"
+    supervisor, events = supervise([sys.executable, SCRIPT, "leave-on", str(leave)],
+                                   env={"READY_DIR": str(tmp_path)})
+    await supervisor.start(1)
+
+    async def set_up() -> bool:
+        return len(ready_pids(tmp_path)) == 1
+    await eventually(set_up, what="the worker running")
+
+    supervisor.stop_restarting()  # a reload retired it: it leaves when its channel ends
+    leave.touch()
+    [exited] = await events.wait(lambda event: isinstance(event, WorkerExited))
+
+    assert (exited.returncode, exited.restarting) == (0, False)
+    await asyncio.wait_for(supervisor.stop(5), 5)
+    assert len(events.of(WorkerStarted)) == 1 and supervisor.pids == [None]
+
+
 async def test_workers_accept_on_the_listening_socket_they_inherit(supervise: Supervise) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     supervisor, _ = supervise([sys.executable, SCRIPT, "accept"], listener=listener)

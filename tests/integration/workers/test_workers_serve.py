@@ -217,6 +217,30 @@ async def test_a_reload_closes_no_connection_a_worker_held_idle_or_answering(tmp
         assert sum(w["served"] for w in await workers(http, server)) >= 1, "the new worker took some back"
 
 
+async def test_two_reloads_in_a_row_leave_one_new_worker_and_close_no_connection(tmp_path: Path) -> None:
+    async with running_llmswap(config(tmp_path), "--workers", "1") as server, aiohttp.ClientSession() as http:
+        first = await ready(http, server)
+        connections = [await RawConnection.open(server) for _ in range(5)]
+        for connection in connections:
+            assert (await connection.ask(chat()))[0] == 200
+
+        server.send_signal(signal.SIGHUP)
+        await server.wait_for_output("config reload: applied", within=WITHIN)
+        server.send_signal(signal.SIGHUP)  # while the first reload's new worker is starting
+
+        async def two_retired() -> bool:
+            return sum("stopped (exit status 0)" in line for line in server.stdout_lines) == 2
+
+        await eventually(two_retired, within=WITHIN, what="the first two workers gone by themselves")
+        [last] = await workers(http, server)
+        assert last["pid"] != first
+        assert not [line for line in server.stdout_lines if "[WARN]" in line or "[ERROR]" in line]
+        for connection in connections:
+            status, headers, _ = await connection.ask(chat())
+            assert status == 200 and "close" not in headers.get("connection", ""), headers
+            connection.close()
+
+
 async def test_a_workers_answer_in_flight_at_the_stop_says_connection_close(tmp_path: Path) -> None:
     async with running_llmswap(config(tmp_path, "--tokens-per-second", "10"), "--workers", "1") as server, \
             aiohttp.ClientSession() as http:

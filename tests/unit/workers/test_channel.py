@@ -107,6 +107,24 @@ async def test_the_messages_sent_in_one_loop_turn_leave_in_one_write_and_arrive_
     assert len(writes) == 1
 
 
+async def test_leaving_with_the_peers_messages_unread_is_a_clean_end_for_both() -> None:
+    loop = asyncio.get_running_loop()
+    ours, theirs = socket.socketpair()
+    mine, peer = Heard(), Heard()
+    _, leaving = await loop.create_unix_connection(mine.channel, sock=ours)
+    _, staying = await loop.create_unix_connection(peer.channel, sock=theirs)
+    staying.send(("settle", 1))  # in flight towards the side that leaves: closing now would reset
+    leaving.send(("rows", ()))
+
+    await asyncio.wait_for(leaving.leave(5), 5)
+
+    assert peer.messages == [("rows", ())] and peer.lost == [None], "the staying side saw a clean end"
+    assert mine.messages == [("settle", 1)] and mine.lost == [None]
+    leaving.send(("dropped",))  # gone: nothing happens
+    await asyncio.sleep(0)
+    assert peer.messages == [("rows", ())]
+
+
 def test_a_handler_that_fails_on_one_message_does_not_end_the_channel() -> None:
     heard: list[Message] = []
 
