@@ -125,13 +125,11 @@ class Workers:
         self._retired.append(old)
         old.stop_restarting()  # its workers leave by themselves from here on
         self.supervisor = Supervisor(self._spec)
-        try:
-            await self.supervisor.start(self.count)
-            await self._paired(self.count, PAIR_WAIT)  # so that the connections given back go to them
-            await asyncio.gather(*(sender.finish() for sender in leaving))  # each reads its channel's end
-            await old.stop(self._grace, leaving=self._grace)
-        finally:
-            self._retired.remove(old)
+        await self.supervisor.start(self.count)
+        await self._paired(self.count, PAIR_WAIT)  # so that the connections given back go to them
+        await asyncio.gather(*(sender.finish() for sender in leaving))  # each reads its channel's end
+        await old.stop(self._grace, leaving=self._grace)
+        self._retired.remove(old)  # (a stop meanwhile stops what is left of them: `stop`)
 
     async def _paired(self, count: int, within: float) -> None:
         """Wait until `count` workers take connections, or `within` seconds have passed."""
@@ -142,8 +140,8 @@ class Workers:
     async def stop(self) -> None:
         self.front.share = None
         self._senders = []
-        if self.supervisor is not None:
-            await self.supervisor.stop(self._grace)
+        supervisors = [*self._retired, *([self.supervisor] if self.supervisor is not None else [])]
+        await asyncio.gather(*(supervisor.stop(self._grace) for supervisor in supervisors))
         if self._control is not None:
             self._control.close()
         for channel in list(self.channels):

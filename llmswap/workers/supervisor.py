@@ -139,7 +139,7 @@ class Supervisor:
         self._slots: list[_Slot] = []
         self._stopping = asyncio.Event()
         self._stop_signal: int | None = None  # what a stop sends now: SIGTERM, then SIGKILL after the grace
-        self._stopped: asyncio.Future[None] | None = None
+        self._stopped: asyncio.Task[None] | None = None
 
     @property
     def pids(self) -> list[int | None]:
@@ -167,15 +167,10 @@ class Supervisor:
         """SIGTERM to every worker, SIGKILL to those still running after `grace` seconds; return once every
         worker is reaped. `leaving`: seconds the workers get first to exit by themselves (asked another
         way, over their channel), none started again meanwhile; the signals go to those still running
-        after it. Calling it again waits for the same stop."""
-        if self._stopped is not None:
-            await asyncio.shield(self._stopped)
-            return
-        self._stopped = asyncio.get_running_loop().create_future()
-        try:
-            await self._stop(grace, leaving)
-        finally:
-            self._stopped.set_result(None)
+        after it. Calling it again waits for the same stop; cancelling a caller does not cancel the stop."""
+        if self._stopped is None:
+            self._stopped = asyncio.get_running_loop().create_task(self._stop(grace, leaving))
+        await asyncio.shield(self._stopped)
 
     async def _stop(self, grace: float, leaving: float) -> None:
         self._stopping.set()

@@ -188,6 +188,22 @@ async def test_a_worker_that_exits_once_restarts_stopped_stays_down(supervise: S
     assert len(events.of(WorkerStarted)) == 1 and supervisor.pids == [None]
 
 
+async def test_a_stop_whose_caller_is_cancelled_goes_on_and_a_second_call_waits_for_it(
+        supervise: Supervise) -> None:
+    supervisor, events = supervise([sys.executable, SCRIPT, "sleep"])
+    await supervisor.start(1)
+    [started] = await events.wait(lambda event: isinstance(event, WorkerStarted))
+    stopping = asyncio.create_task(supervisor.stop(5))
+    await asyncio.sleep(0)
+
+    stopping.cancel()  # a reload's task, cancelled by the server's stop
+    await asyncio.wait_for(supervisor.stop(5), 5)
+
+    [exited] = events.of(WorkerExited)
+    assert (exited.pid, exited.returncode, exited.restarting) == (started.pid, -signal.SIGTERM, False)
+    assert supervisor.pids == [None] and not alive(started.pid)
+
+
 async def test_workers_accept_on_the_listening_socket_they_inherit(supervise: Supervise) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     supervisor, _ = supervise([sys.executable, SCRIPT, "accept"], listener=listener)
