@@ -53,7 +53,7 @@ from llmswap.server.worker_entries import TrackedEntries
 from llmswap.server.worker_process import CONTROL_ENV, CONTROL_SOCKET, GRACE_ENV, HANDOVER_SOCKET
 from llmswap.workers.channel import Channel, Message
 from llmswap.workers.grants import GrantService
-from llmswap.workers.handover import HandOverSender, adopt_into, receive_hand_overs
+from llmswap.workers.handover import Adopt, HandOverSender, adopt_into, receive_hand_overs
 from llmswap.workers.supervisor import Supervisor, WorkerSpec
 
 log = logging.getLogger("llmswap.workers")
@@ -224,7 +224,7 @@ class Workers:
     def _share(self) -> asyncio.Protocol | None:
         """Where a new connection goes: this process (None), or a worker's `_Passing`."""
         sender = self._next_owner()
-        return None if sender is None else _Passing(sender, self._spawn)
+        return None if sender is None else _Passing(sender, self._spawn, self._adopt_here)
 
     def _next_owner(self) -> HandOverSender | None:
         """Connections in turn, MAIN_SHARE of them to this process (None) for every WORKER_SHARE to each
@@ -322,16 +322,18 @@ def setup(app: web.Application) -> None:
 
 
 class _Passing(asyncio.Protocol):
-    """A connection just accepted that a worker serves: it moves there before anything is read."""
+    """A connection just accepted that a worker serves: it moves there before anything is read (or, should
+    that worker be gone, is served here: `keep`)."""
 
-    def __init__(self, sender: HandOverSender, spawn: Callable[[Any], None]) -> None:
+    def __init__(self, sender: HandOverSender, spawn: Callable[[Any], None], keep: Adopt) -> None:
         self.sender = sender
         self.spawn = spawn
+        self.keep = keep
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         transport.pause_reading()
-        self.spawn(self.sender.move(transport, b"", "a worker"))
+        self.spawn(self.sender.move(transport, b"", "a worker", self.keep))
 
 
 def worker_argv(config_path: Path | None, config_dir: Path | None, host: str, log_level: str | None = None

@@ -162,24 +162,34 @@ class HandOverSender:
         finally:
             self._busy.discard(task)
 
-    async def hand_over(self, transport: asyncio.Transport, held: bytes) -> None:
-        """Give main the connection under `transport`, to be served from `held` (the bytes read from it
-        that main must see first) on. See `detach` for what happens to the transport and what is raised;
-        OSError when the channel fails (the connection is then closed: nobody could serve it)."""
+    async def hand_over(self, transport: asyncio.Transport, held: bytes, keep: Adopt | None = None) -> None:
+        """Give the other end the connection under `transport`, to be served from `held` (the bytes read
+        from it that the other end must see first) on. See `detach` for what happens to the transport and
+        what is raised; OSError when the channel fails: the connection then goes to `keep(sock, held)` (it
+        is served here after all), or without one is closed (nobody could serve it)."""
         if len(held) > MAX_HELD:
             raise NotMovable(f"{len(held)} held bytes are more than a hand-over carries ({MAX_HELD})")
         fd = await detach(transport)
+        kept = False
         try:
             await self.send(fd, held)
+        except OSError:
+            if keep is None:
+                raise
+            log.info("a connection could not move (the other end is gone); it is served here")
+            kept = True
+            keep(socket.socket(fileno=fd), held)
         finally:
-            os.close(fd)  # main has its own reference now (or the connection could not move)
+            if not kept:
+                os.close(fd)  # the other end has its own reference now (or nobody could serve it)
 
-    async def move(self, transport: asyncio.Transport, held: bytes, to: str) -> None:
-        """`hand_over`, and when the connection cannot move, say so and close it: nobody could serve it
-        (`to`: where it was going, for the log)."""
+    async def move(self, transport: asyncio.Transport, held: bytes, to: str, keep: Adopt | None = None
+                   ) -> None:
+        """`hand_over`, and when the connection cannot move (nor be kept), say so and close it: nobody
+        could serve it (`to`: where it was going, for the log)."""
         try:
             with self._under_way():
-                await self.hand_over(transport, held)
+                await self.hand_over(transport, held, keep)
         except (NotMovable, OSError) as exc:
             log.warning("a connection could not move to %s (%s); it is closed", to, exc)
             transport.abort()

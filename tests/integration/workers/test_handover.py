@@ -15,6 +15,7 @@ import pytest
 
 from llmswap.workers.handover import (
     HEADER,
+    Adopt,
     ChannelError,
     HandOverSender,
     NotMovable,
@@ -266,3 +267,38 @@ async def test_finish_lets_the_hand_overs_under_way_arrive_then_the_reader_sees_
     for sock in (main_end, worker_end, spare, spare_peer, *(s for pair in connections for s in pair),
                  *(adopted for adopted, _ in got)):
         sock.close()
+
+
+async def test_a_connection_that_cannot_move_is_kept_by_the_keeper_or_else_closed() -> None:
+    kept: list[tuple[socket.socket, bytes]] = []
+    keepers: list[Adopt | None] = [lambda sock, held: kept.append((sock, held)), None]  # one per connection
+    moved = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        channel, gone_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        gone_worker.close()  # the worker died: the channel's other end is gone
+        await HandOverSender(channel).move(writer.transport, b"held", "a worker", keepers.pop(0))  # type: ignore[arg-type]
+        channel.close()
+        moved.set()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    address = server.sockets[0].getsockname()
+    reader, writer = await asyncio.open_connection(*address)
+    await asyncio.wait_for(moved.wait(), 5)
+    [(sock, held)] = kept
+    assert held == b"held"
+    writer.write(b"ping")  # the connection lives on, here
+    sock.settimeout(5)
+    assert await asyncio.to_thread(sock.recv, 4) == b"ping"
+    sock.sendall(b"pong")
+    assert await asyncio.wait_for(reader.readexactly(4), 5) == b"pong"
+    sock.close()
+    writer.close()
+
+    moved.clear()
+    reader, writer = await asyncio.open_connection(*address)  # no keeper this time: nobody can serve it
+    await asyncio.wait_for(moved.wait(), 5)
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+    server.close()
+    await server.wait_closed()
