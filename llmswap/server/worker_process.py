@@ -210,6 +210,7 @@ async def serve_worker(sources: ConfigSources, host: str, folder: Path, index: i
     _log_to_main(channel, log_level or config.log_level)
     recorder = state.extras[ACTIVITY_KEY] = ShippingRecorder(channel, settings_of(config))
     handover = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    handover.setblocking(False)  # the loop's socket calls require it (asyncio's debug mode checks)
     await loop.sock_connect(handover, str(folder / HANDOVER_SOCKET))
     front = WorkerFront(worker_app(state, channel), HandOverSender(handover))
     receiving = loop.create_task(_receive(handover, front, ended))

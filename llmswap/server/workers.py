@@ -55,6 +55,7 @@ from llmswap.workers.channel import Channel, Message
 from llmswap.workers.grants import GrantService
 from llmswap.workers.handover import Adopt, HandOverSender, adopt_into, receive_hand_overs
 from llmswap.workers.supervisor import Supervisor, WorkerSpec
+from llmswap.workers.turns import Turns
 
 log = logging.getLogger("llmswap.workers")
 
@@ -62,8 +63,9 @@ WORKERS_KEY = "workers"  # ServerState.extras key of the running `Workers`
 # Of every 5 new connections, main keeps 2 and a worker takes 3: a worker's request costs main about a
 # quarter of what one of its own does (its grant, record and access line), which this evens out
 # (`bench.wrk_nginx --workers 1`: main and the worker both near a full core, where 1:1 left main the
-# bottleneck and the worker at 0.6 of a core).
-MAIN_SHARE, WORKER_SHARE = 2, 3
+# bottleneck and the worker at 0.6 of a core). Main keeps every new connection while it holds fewer than
+# MAIN_FIRST: a lone client is served without the messages between processes (see `Turns`).
+MAIN_SHARE, WORKER_SHARE, MAIN_FIRST = 2, 3, 4
 SETTLE_WAIT = 2.0  # seconds a reader of activity waits for the workers' rows at most
 PEER_CREDENTIALS = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid of a Unix socket's other end
 PAIR_WAIT = 30.0  # seconds a reload waits for its new workers before the old ones give their connections back
@@ -81,7 +83,8 @@ class Workers:
         self.grants = GrantService(lambda: dispatcher(state), TrackedEntries(tracker_of(state)))
         self.channels: dict[Channel, WorkerSeen] = {}  # the workers connected now
         self._senders: list[HandOverSender] = []  # the workers that take new connections, in turn
-        self._turn = 0
+        self._turns = Turns(MAIN_SHARE, WORKER_SHARE, MAIN_FIRST)
+        self._keeping = 0  # new connections main kept in this turn of the loop (`_share`)
         self._argv = argv
         self._grace = grace
         self._folder: Path | None = None
@@ -224,18 +227,24 @@ class Workers:
     def _share(self) -> asyncio.Protocol | None:
         """Where a new connection goes: this process (None), or a worker's `_Passing`."""
         sender = self._next_owner()
-        return None if sender is None else _Passing(sender, self._spawn, self._adopt_here)
+        if sender is None:
+            # Connections accepted together are shared before any of them is made (and counted open):
+            # main counts the ones it keeps until then.
+            if not self._keeping:
+                asyncio.get_running_loop().call_soon(self._kept)
+            self._keeping += 1
+            return None
+        return _Passing(sender, self._spawn, self._adopt_here)
+
+    def _kept(self) -> None:
+        self._keeping = 0  # those connections are made (and counted) right after this
 
     def _next_owner(self) -> HandOverSender | None:
-        """Connections in turn, MAIN_SHARE of them to this process (None) for every WORKER_SHARE to each
-        worker: this process also grants and records the workers' requests."""
+        """The worker that takes the next connection, or None for this process (`Turns`)."""
         senders = self._senders
-        if not senders:
-            return None
-        self._turn = turn = (self._turn + 1) % (MAIN_SHARE + WORKER_SHARE * len(senders))
-        if turn < MAIN_SHARE:
-            return None
-        return senders[(turn - MAIN_SHARE) % len(senders)]
+        held = self.front.runner.connection_server().open_connections + self._keeping
+        index = self._turns.next(len(senders), held)
+        return None if index is None else senders[index]
 
     async def _accept_hand_overs(self, listening: socket.socket) -> None:
         loop = asyncio.get_running_loop()

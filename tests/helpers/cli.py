@@ -100,11 +100,12 @@ async def running_llmswap(
     healthy: bool = True,
     within: float = WITHIN,
     open_files: tuple[int, int] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> AsyncIterator[LlmswapProcess]:
     """Start llmswap on `config` (extra CLI `args`), wait for /health unless `healthy` is False, and kill
     it and its upstreams when the block ends, whatever happened. With `config` None, `args` are the whole
     command line and must listen on `port`. `open_files`: the (soft, hard) RLIMIT_NOFILE llmswap starts
-    with (a hard limit of -1 keeps the current one)."""
+    with (a hard limit of -1 keeps the current one). `env`: variables set for it, beside the test's own."""
     port = free_port() if port is None else port
     where = () if config is None else ("--config", str(config), "--listen", f"{HOST}:{port}")
     process = await asyncio.create_subprocess_exec(
@@ -113,7 +114,7 @@ async def running_llmswap(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         preexec_fn=None if open_files is None else functools.partial(_limit_open_files, *open_files),
     )
     server = LlmswapProcess(process, port)

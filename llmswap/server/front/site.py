@@ -12,6 +12,7 @@ had read them itself.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping
 
 from aiohttp import web
@@ -21,6 +22,8 @@ from llmswap.server.front.protocol import FrontConnection
 from llmswap.server.front.request import FastPlan, FrontRequest, route_table
 from llmswap.server.front.serve import serve_fast
 from llmswap.server.inference import ROUTES, InferenceRoute
+
+log = logging.getLogger("llmswap.server")
 
 
 class Front:
@@ -37,7 +40,11 @@ class Front:
     def connection(self) -> asyncio.Protocol:
         """The protocol of a connection just accepted."""
         if self.share is not None:
-            elsewhere = self.share()
+            try:
+                elsewhere = self.share()
+            except Exception:  # asyncio would reset the connection and say nothing (outside its debug mode)
+                log.exception("choosing who serves a new connection failed; this process serves it")
+                elsewhere = None
             if elsewhere is not None:
                 return elsewhere
         return FrontConnection(self)

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from llmswap.config.model import ApiKey
 from llmswap.server.connections import Runner
+from llmswap.server.front import FrontSite
 from tests.helpers.models import WITHIN, demo_config, exclusive_config
 from tests.integration.server.conftest import HOST, ServeConfig, Served, until
 from tests.integration.server.front_wire import RawClient, get, post
@@ -295,3 +296,21 @@ async def test_a_client_gone_while_its_model_loads_leaves_the_queue(
         await until(lambda: any('"POST /v1/chat/completions" client gone' in r.getMessage()
                                 for r in caplog.records), what="the access log line")
     assert not served.router.snapshot().in_flight.get("m", 0)
+
+
+async def test_a_share_that_fails_leaves_the_connection_here_and_logs_why(
+    serve_config: ServeConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    served = await serve_config(exclusive_config(demo_config("m")))
+    [site] = [site for site in served.runner.sites if isinstance(site, FrontSite)]
+    assert site.front is not None
+
+    def broken() -> None:
+        raise RuntimeError("no turn to give")
+
+    site.front.share = broken
+    with caplog.at_level(logging.ERROR, logger="llmswap.server"):
+        async with aiohttp.ClientSession() as http, http.post(served.url + "/v1/chat/completions",
+                                                              json=CHAT) as response:
+            assert response.status == 200, await response.text()
+    assert "choosing who serves a new connection failed" in caplog.text and "no turn to give" in caplog.text

@@ -18,13 +18,16 @@ from aiohttp import web
 from llmswap.config.model import Config
 from llmswap.router import build_router
 from llmswap.server.state import ServerState
-from llmswap.server.workers import Workers
+from llmswap.server.workers import MAIN_FIRST, Workers
 
 
 def main_side(retired_pids: list[int]) -> Workers:
     config = Config()
     state = ServerState(config=config, router=build_router(config))
-    workers = Workers(state, web.Application(), SimpleNamespace(share=None), 1, [], 1.0)  # type: ignore[arg-type]
+    # Main holds enough connections that new ones are shared in turn (`Turns`).
+    held = SimpleNamespace(open_connections=MAIN_FIRST)
+    front = SimpleNamespace(share=None, runner=SimpleNamespace(connection_server=lambda: held))
+    workers = Workers(state, web.Application(), front, 1, [], 1.0)  # type: ignore[arg-type]
     workers._retired.append(SimpleNamespace(pids=retired_pids))  # type: ignore[arg-type]
     return workers
 

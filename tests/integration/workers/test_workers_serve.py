@@ -7,14 +7,17 @@ connection; the active profile reaches the workers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from llmswap.server.workers import MAIN_FIRST
 from tests.helpers.cli import WITHIN, LlmswapProcess, demo_model, running_llmswap, together, write_config
 from tests.helpers.wait import eventually
 
@@ -60,6 +63,47 @@ async def ask(http: aiohttp.ClientSession, server: LlmswapProcess) -> None:
         assert (await response.json())["usage"]["completion_tokens"] > 0
 
 
+@contextlib.asynccontextmanager
+async def sharing(server: LlmswapProcess) -> AsyncIterator[None]:
+    """Idle connections enough that main shares new ones with the worker (it keeps a lone client's: see
+    `llmswap.workers.turns`)."""
+    idle = [await RawConnection.open(server) for _ in range(MAIN_FIRST)]
+    try:
+        yield
+    finally:
+        for connection in idle:
+            connection.close()
+
+
+async def served(http: aiohttp.ClientSession, server: LlmswapProcess) -> int:
+    """What the workers served so far, every end that was on its way to main counted."""
+    await get(http, server, "/api/metrics/activity?limit=1")  # settles with the workers
+    return sum(w["served"] for w in await workers(http, server))
+
+
+async def test_a_lone_client_is_served_by_main(tmp_path: Path) -> None:
+    async with running_llmswap(config(tmp_path), "--workers", "1") as server, aiohttp.ClientSession() as http:
+        await ready(http, server)
+        for _ in range(3):  # new connections, one at a time
+            async with aiohttp.ClientSession() as own:
+                await ask(own, server)
+        assert await served(http, server) == 0
+        async with sharing(server), aiohttp.ClientSession() as own:
+            await asyncio.gather(*(ask(own, server) for _ in range(10)))
+            assert await served(http, server) > 0, "with main holding connections, new ones are shared"
+
+
+async def test_workers_start_and_serve_under_asyncios_debug_mode(tmp_path: Path) -> None:
+    debug = {"PYTHONASYNCIODEBUG": "1"}  # its checks refuse a blocking socket in the loop's socket calls
+    async with running_llmswap(config(tmp_path), "--workers", "1", env=debug) as server, \
+            aiohttp.ClientSession() as http, sharing(server):
+        await ready(http, server)
+        async with aiohttp.ClientSession() as own:
+            await asyncio.gather(*(ask(own, server) for _ in range(10)))
+        assert await served(http, server) > 0
+        assert not [line for line in server.stdout_lines if "exited unexpectedly" in line]
+
+
 async def test_every_request_is_answered_and_main_records_and_logs_each_one(tmp_path: Path) -> None:
     async with running_llmswap(config(tmp_path), "--workers", "1") as server, \
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=8)) as http:
@@ -79,7 +123,8 @@ async def test_every_request_is_answered_and_main_records_and_logs_each_one(tmp_
 
 
 async def test_a_request_a_worker_does_not_serve_moves_to_main_on_the_same_connection(tmp_path: Path) -> None:
-    async with running_llmswap(config(tmp_path), "--workers", "1") as server, aiohttp.ClientSession() as http:
+    async with running_llmswap(config(tmp_path), "--workers", "1") as server, \
+            aiohttp.ClientSession() as http, sharing(server):
         await ready(http, server)
         for _ in range(4):  # connections are shared in turn: some of these are the worker's
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as one_connection:
@@ -87,8 +132,7 @@ async def test_a_request_a_worker_does_not_serve_moves_to_main_on_the_same_conne
                 running = await get(one_connection, server, "/running")  # not a fast request
                 assert [m["model"] for m in running["running"]] == ["a"]
                 await ask(one_connection, server)  # and the connection goes on, now main's
-        [worker] = await workers(http, server)
-        assert worker["served"] >= 1
+        assert await served(http, server) >= 1
 
 
 async def test_mains_cancel_ends_a_workers_request_and_the_model_serves_on(tmp_path: Path) -> None:
@@ -185,19 +229,21 @@ class RawConnection:
 
 async def test_a_reload_closes_no_connection_a_worker_held_idle_or_answering(tmp_path: Path) -> None:
     async with running_llmswap(config(tmp_path, "--tokens-per-second", "20"), "--workers", "1") as server, \
-            aiohttp.ClientSession() as http:
+            aiohttp.ClientSession() as http, sharing(server):
         first = await ready(http, server)
-        # Five new connections in a row: three of them are the worker's, whatever the turn.
-        connections = [await RawConnection.open(server) for _ in range(5)]
-        for connection in connections:
+        # New connections in a row until the worker holds three: two answer through the reload, one idles.
+        connections: list[RawConnection] = []
+        workers_own: list[RawConnection] = []
+        while len(workers_own) < 3:
+            assert len(connections) < 20, "the worker takes its share of new connections"
+            connection = await RawConnection.open(server)
+            before = await served(http, server)
             status, _, _ = await connection.ask(chat())
             assert status == 200
-
-        async def three_served() -> bool:  # each counts as its end reaches main, just after its answer
-            return [w["served"] for w in await workers(http, server)] == [3]
-
-        await eventually(three_served, within=WITHIN, what="the worker's three answers counted")
-        for connection in connections[:2]:
+            connections.append(connection)
+            if await served(http, server) > before:
+                workers_own.append(connection)
+        for connection in workers_own[:2]:
             connection.send(chat(max_tokens=20))  # answering through the reload (about a second each)
         await eventually(lambda: _in_flight(http, server, 2), within=WITHIN, what="two requests in flight")
 
@@ -209,7 +255,7 @@ async def test_a_reload_closes_no_connection_a_worker_held_idle_or_answering(tmp
 
         await eventually(old_one_left, within=WITHIN, what="the old worker gone")
         await server.wait_for_output(f"worker 0 (pid {first}) stopped (exit status 0)", within=WITHIN)
-        for connection in connections[:2]:
+        for connection in workers_own[:2]:
             status, headers, body = await connection.answer()
             assert status == 200 and "close" not in headers.get("connection", ""), headers
             assert json.loads(body)["usage"]["completion_tokens"] == 20
@@ -221,7 +267,8 @@ async def test_a_reload_closes_no_connection_a_worker_held_idle_or_answering(tmp
 
 
 async def test_two_reloads_in_a_row_leave_one_new_worker_and_close_no_connection(tmp_path: Path) -> None:
-    async with running_llmswap(config(tmp_path), "--workers", "1") as server, aiohttp.ClientSession() as http:
+    async with running_llmswap(config(tmp_path), "--workers", "1") as server, \
+            aiohttp.ClientSession() as http, sharing(server):
         first = await ready(http, server)
         connections = [await RawConnection.open(server) for _ in range(5)]
         for connection in connections:
@@ -247,14 +294,13 @@ async def test_two_reloads_in_a_row_leave_one_new_worker_and_close_no_connection
 
 async def test_a_workers_answer_in_flight_at_the_stop_says_connection_close(tmp_path: Path) -> None:
     async with running_llmswap(config(tmp_path, "--tokens-per-second", "10"), "--workers", "1") as server, \
-            aiohttp.ClientSession() as http:
+            aiohttp.ClientSession() as http, sharing(server):
         await ready(http, server)
-        for _ in range(5):  # the first new connection the worker takes
+        for _ in range(10):  # the first new connection the worker takes
             connection = await RawConnection.open(server)
-            served = sum(w["served"] for w in await workers(http, server))
+            before = await served(http, server)
             await connection.ask(chat(max_tokens=1))
-            await get(http, server, "/api/metrics/activity?limit=1")  # the workers' news so far is in
-            if sum(w["served"] for w in await workers(http, server)) > served:
+            if await served(http, server) > before:
                 break
             connection.close()
         else:
@@ -281,7 +327,8 @@ async def test_the_active_profile_reaches_the_workers(tmp_path: Path) -> None:
     profiles = {"office": {"pins": {"a": "b"}}}
     path = write_config(tmp_path / "config.yaml", models, routing=together("a", "b"), profiles=profiles,
                         hooks={"on_startup": {"preload": ["a", "b"]}})
-    async with running_llmswap(path, "--workers", "1") as server, aiohttp.ClientSession() as http:
+    async with running_llmswap(path, "--workers", "1") as server, aiohttp.ClientSession() as http, \
+            sharing(server):
         await ready(http, server)
         await server.wait_for_output("preload: b ready", within=WITHIN)
         async with http.put(server.url + "/api/profiles/active", json={"name": "office"}) as response:
