@@ -59,14 +59,15 @@ class Scale:
     llama_tokens: int
     llama_rounds: int
     wrk_seconds: float  # per wrk run, each side and connection count
+    wrk_rounds: int  # runs of each side at each connection count
 
 
 FULL = Scale(cold_starts=20, cold_start_max_delay=3.0, latency_requests=2000, throughput_requests=4000,
-             concurrency=32, relay_tokens=20_000, relay_rounds=10, llama_tokens=256, llama_rounds=8,
-             wrk_seconds=5.0)
+             concurrency=32, relay_tokens=20_000, relay_rounds=20, llama_tokens=256, llama_rounds=8,
+             wrk_seconds=4.0, wrk_rounds=3)
 QUICK = Scale(cold_starts=3, cold_start_max_delay=0.5, latency_requests=100, throughput_requests=300,
               concurrency=16, relay_tokens=2_000, relay_rounds=2, llama_tokens=16, llama_rounds=1,
-              wrk_seconds=1.0)
+              wrk_seconds=1.0, wrk_rounds=1)
 
 
 def progress(message: str) -> None:
@@ -161,7 +162,8 @@ async def llama_rows(scale: Scale) -> list[Row]:
 async def wrk_rows(scale: Scale) -> list[Row]:
     if (reason := wrk_nginx.ensure_tools()) is not None:
         return [Row.skipped("wrk against nginx: throughput and latency under concurrency", reason)]
-    return await wrk_nginx.measure(scale.wrk_seconds, wrk_nginx.CONNECTIONS, workers=1)
+    return await wrk_nginx.measure(scale.wrk_seconds, wrk_nginx.CONNECTIONS, workers=1,
+                                   rounds=scale.wrk_rounds)
 
 
 PARTS: list[tuple[str, Callable[[Scale], Awaitable[list[Row]]]]] = [

@@ -1,13 +1,15 @@
 """Throughput under concurrency: wrk posting a chat request to nginx, directly and through llmswap.
 
-Run: `python -m bench.wrk_nginx [--seconds 5] [--connections 1,16,64,256] [--workers 1]`. Prints a markdown
-table; asserts nothing.
+Run: `python -m bench.wrk_nginx [--seconds 5] [--connections 1,16,64,256] [--rounds 3] [--workers 1]`. Prints
+a markdown table; asserts nothing.
 
 nginx answers every POST with a fixed chat completion, so the upstream costs next to nothing and what is
 measured is the proxy's cost per request. llmswap starts that nginx itself (it is the model's `cmd`, with
 `/health` as its check endpoint), so the path is the real one: a model started, health-checked and served
-by the scheduler. At each connection count the two sides run back to back (direct first, then through
-llmswap), so that drift of a shared machine touches both alike; the ratio is the result.
+by the scheduler. At each connection count the two sides run back to back, in rounds that alternate which
+goes first, so that drift of a shared machine touches both alike: a side's figure is its median over the
+rounds, the ratio the median of the rounds' own ratios. The rounds take every connection count in turn,
+so the last row (llmswap at 256 connections against its own 64) compares runs minutes apart at most.
 
 nginx and wrk are Debian packages: when either is missing the benchmark installs it with apt-get (as root,
 or through sudo without a password) and, if that is not possible, prints one line saying so and exits 0.
@@ -21,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -152,7 +155,8 @@ def post_script(folder: Path) -> Path:
     return script
 
 
-async def measure(seconds: float, connections: tuple[int, ...], workers: int = 0) -> list[Row]:
+async def measure(seconds: float, connections: tuple[int, ...], workers: int = 0, rounds: int = 1
+                  ) -> list[Row]:
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
         port = free_port()
@@ -165,20 +169,43 @@ async def measure(seconds: float, connections: tuple[int, ...], workers: int = 0
         direct_url = f"http://{HOST}:{port}/v1/chat/completions"
         rows: list[Row] = []
         for processes in (0, workers) if workers else (0,):
-            args = ("--workers", str(processes)) if processes else ()
-            async with running_llmswap(config, [f"http://{HOST}:{port}/health"], args) as server:
+            async with running_llmswap(config, [f"http://{HOST}:{port}/health"],
+                                       ("--workers", str(processes))) as server:
                 if processes:
                     await workers_connected(server.url, processes)
                 proxied_url = f"{server.url}/v1/chat/completions"
                 await wrk(proxied_url, 16, 1, script)  # warm both: pools, caches
                 await wrk(direct_url, 16, 1, script)
-                for count in connections:
-                    print(f"bench.wrk_nginx: {count} connections, {processes} workers...", file=sys.stderr,
-                          flush=True)
-                    direct = await wrk(direct_url, count, seconds, script)
-                    proxied = await wrk(proxied_url, count, seconds, script)
-                    rows += rows_for(count, direct, proxied, processes)
+                runs: dict[int, list[Pair]] = {count: [] for count in connections}
+                for round_ in range(rounds):
+                    for count in connections:
+                        print(f"bench.wrk_nginx: {count} connections, {processes} workers, round "
+                              f"{round_ + 1} of {rounds}...", file=sys.stderr, flush=True)
+                        # Who goes first alternates from round to round, so drift touches both sides alike.
+                        if round_ % 2 == 0:
+                            direct = await wrk(direct_url, count, seconds, script)
+                            proxied = await wrk(proxied_url, count, seconds, script)
+                        else:
+                            proxied = await wrk(proxied_url, count, seconds, script)
+                            direct = await wrk(direct_url, count, seconds, script)
+                        runs[count].append(Pair(direct, proxied))
+            for count in connections:
+                rows += rows_for(count, runs[count], processes)
+            if 64 in runs and 256 in runs:
+                rows.append(more_connections_row(runs[64], runs[256], processes))
     return rows
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One round at one connection count: nginx direct, then through llmswap (or the other way round)."""
+
+    direct: WrkResult
+    proxied: WrkResult
+
+    @property
+    def ratio(self) -> float:
+        return self.proxied.requests_per_second / self.direct.requests_per_second
 
 
 async def workers_connected(url: str, count: int) -> None:
@@ -192,21 +219,54 @@ async def workers_connected(url: str, count: int) -> None:
     raise SystemExit(f"llmswap --workers {count}: the workers did not connect within 20 s")
 
 
-def rows_for(connections: int, direct: WrkResult, proxied: WrkResult, workers: int = 0) -> list[Row]:
-    errors = ""
-    if direct.errors or proxied.errors:
-        errors = f"; errors: direct {direct.errors}, llmswap {proxied.errors}"
+def _named(connections: int, workers: int) -> str:
     name = f"wrk, {connections} connection{'s' if connections > 1 else ''}"
     if workers:
         name += f", llmswap --workers {workers}"
+    return name
+
+
+def _of(rounds: int) -> str:
+    return f", median of {rounds}" if rounds > 1 else ""
+
+
+def rows_for(connections: int, runs: list[Pair], workers: int = 0) -> list[Row]:
+    """Throughput and latency at one connection count: the median of each side over the rounds, and the
+    median of the rounds' own ratios (each from two runs back to back)."""
+    errors = ""
+    direct_errors = sum(run.direct.errors for run in runs)
+    proxied_errors = sum(run.proxied.errors for run in runs)
+    if direct_errors or proxied_errors:
+        errors = f"; errors: direct {direct_errors}, llmswap {proxied_errors}"
+    name = _named(connections, workers)
+    of = _of(len(runs))
+
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
+
+    direct_rate = median([run.direct.requests_per_second for run in runs])
+    proxied_rate = median([run.proxied.requests_per_second for run in runs])
+    direct_p50, proxied_p50 = median([r.direct.p50 for r in runs]), median([r.proxied.p50 for r in runs])
+    direct_p99, proxied_p99 = median([r.direct.p99 for r in runs]), median([r.proxied.p99 for r in runs])
     return [
-        Row(f"{name}: throughput{errors}", "direct to nginx", per_second(direct.requests_per_second, "req"),
-            per_second(proxied.requests_per_second, "req"),
-            ratio(proxied.requests_per_second, direct.requests_per_second)),
-        Row(f"{name}: latency p50 / p99", "direct to nginx", f"{ms(direct.p50)} / {ms(direct.p99)}",
-            f"{ms(proxied.p50)} / {ms(proxied.p99)}",
-            f"{(proxied.p50 - direct.p50) * 1000:+.2f} ms / {(proxied.p99 - direct.p99) * 1000:+.2f} ms"),
+        Row(f"{name}: throughput{of}{errors}", "direct to nginx", per_second(direct_rate, "req"),
+            per_second(proxied_rate, "req"), ratio(median([run.ratio for run in runs]), 1.0)),
+        Row(f"{name}: latency p50 / p99{of}", "direct to nginx", f"{ms(direct_p50)} / {ms(direct_p99)}",
+            f"{ms(proxied_p50)} / {ms(proxied_p99)}",
+            f"{(proxied_p50 - direct_p50) * 1000:+.2f} ms / {(proxied_p99 - direct_p99) * 1000:+.2f} ms"),
     ]
+
+
+def more_connections_row(at_64: list[Pair], at_256: list[Pair], workers: int = 0) -> Row:
+    """llmswap's throughput at 256 connections against its own at 64: the rounds' ratios, each from runs of
+    the same round (minutes apart at most), and the median of those."""
+    rates_64 = [run.proxied.requests_per_second for run in at_64]
+    rates_256 = [run.proxied.requests_per_second for run in at_256]
+    each = [high / low for low, high in zip(rates_64, rates_256, strict=True)]
+    name = "wrk, llmswap at 256 connections against 64" + (f", --workers {workers}" if workers else "")
+    low, high = statistics.median(rates_64), statistics.median(rates_256)
+    return Row(f"{name}{_of(len(each))}", "llmswap at 64 connections", per_second(low, "req"),
+               per_second(high, "req"), ratio(statistics.median(each), 1.0))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each wrk run (default 5)")
     parser.add_argument("--connections", default=",".join(map(str, CONNECTIONS)),
                         help="comma-separated connection counts (default 1,16,64,256)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="runs of each side at each count, alternating who goes first (default 3)")
     parser.add_argument("--workers", type=int, default=1,
                         help="then the same through llmswap --workers N (default 1; 0: not measured)")
     args = parser.parse_args(argv)
@@ -222,10 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     if (reason := ensure_tools()) is not None:
         print(f"bench.wrk_nginx: skipped: {reason}")
         return 0
-    rows = asyncio.run(measure(args.seconds, counts, args.workers))
+    rows = asyncio.run(measure(args.seconds, counts, args.workers, args.rounds))
     print(f"Machine: {describe_machine()}")
     command = (f"python -m bench.wrk_nginx --seconds {args.seconds:g} --connections {args.connections} "
-               f"--workers {args.workers}")
+               f"--rounds {args.rounds} --workers {args.workers}")
     print(f"Command: `{command}`\n")
     print(markdown_table(rows))
     return 0
