@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_tls_arguments(parser)
     flag(parser, "workers", type=_worker_count, default=0, metavar="N",
          help="N processes beside this one serve the fast requests (non-streaming JSON to a local model) "
-              "on more cores, one scheduler for all; 0 (the default): this process alone; not with TLS")
+              "on more cores, one scheduler for all; 0 (the default): this process alone; Linux only, not "
+              "with TLS")
     flag(parser, "version", action="version", version=f"llmswap {__version__}")
 
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -39,7 +39,7 @@ from llmswap.server.guard import is_loopback_listener
 from llmswap.server.logsetup import configure_logging
 from llmswap.server.reload import WATCH_INTERVAL, ConfigWatcher, ReloadOutcome, reload_from_sources
 from llmswap.server.state import ServerState
-from llmswap.server.workers import Workers, worker_argv
+from llmswap.server.workers import Workers, worker_argv, workers_unavailable
 
 log = logging.getLogger("llmswap.server")
 
@@ -179,9 +179,9 @@ class Server:
             self._spawn(self._watcher.watch(self.reload_soon), "config-watcher")
 
     async def _start_workers(self, site: FrontSite, app: web.Application, tls: bool) -> None:
-        if tls:
-            log.warning("--workers %d ignored: a TLS connection cannot move between processes, so with "
-                        "--tls-cert-file this process serves alone", self.options.workers)
+        reason = workers_unavailable(tls)
+        if reason is not None:
+            log.warning("--workers %d ignored: %s this process serves alone", self.options.workers, reason)
             return
         assert site.front is not None
         options = self.options

@@ -71,6 +71,18 @@ PEER_CREDENTIALS = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid of a Unix s
 PAIR_WAIT = 30.0  # seconds a reload waits for its new workers before the old ones give their connections back
 
 
+def workers_unavailable(tls: bool, platform: str | None = None) -> str | None:
+    """Why worker processes cannot serve here (on `platform`, default this one), or None when they can."""
+    platform = sys.platform if platform is None else platform
+    if tls:
+        return "a TLS connection cannot move between processes, so with --tls-cert-file"
+    if not platform.startswith("linux"):
+        # Connections move as Linux delivers SCM_RIGHTS (`llmswap.workers.handover`), and main tells a
+        # reload's retired workers apart by SO_PEERCRED.
+        return f"worker processes need Linux (this is {platform}), so here"
+    return None
+
+
 class Workers:
     """Main's side of its workers: start, serve their messages and hand-overs, restart, stop."""
 
