@@ -85,6 +85,13 @@ def median_by_side(timings: dict[str, list[StreamTiming]],
     return {side: statistics.median(measure(t) for t in runs) for side, runs in timings.items()}
 
 
+def per_round_ratio(timings: dict[str, list[StreamTiming]]) -> float:
+    """llmswap's tokens/s over direct's, the median of the rounds' own ratios: each round's two streams ran
+    back to back, so their ratio is free of the drift between rounds."""
+    return statistics.median(ours.tokens_per_second / theirs.tokens_per_second
+                             for ours, theirs in zip(timings["llmswap"], timings["direct"], strict=True))
+
+
 async def streaming_relay(tokens: int, rounds: int) -> list[Row]:
     body = {"model": proxy_overhead.MODEL, "max_tokens": tokens,
             "messages": [{"role": "user", "content": "go"}]}
@@ -98,13 +105,10 @@ async def streaming_relay(tokens: int, rounds: int) -> list[Row]:
             timings = await alternate(http, urls, body, rounds)
     tokens_per_s = median_by_side(timings, lambda t: t.tokens_per_second)
     bytes_per_s = median_by_side(timings, lambda t: t.bytes_per_second)
-    # Each round's two streams ran back to back: their ratio is free of the drift between rounds.
-    each = [ours.tokens_per_second / theirs.tokens_per_second
-            for ours, theirs in zip(timings["llmswap"], timings["direct"], strict=True)]
 
     def both(side: str) -> str:
         return f"{per_second(tokens_per_s[side], 'tokens')} ({bytes_per_s[side] / 2**20:.1f} MiB/s)"
 
     return [Row(f"streaming relay: one {tokens:,}-token SSE stream, median of {rounds}",
                 "direct to the upstream", both("direct"), both("llmswap"),
-                ratio(statistics.median(each), 1.0))]
+                ratio(per_round_ratio(timings), 1.0))]

@@ -240,10 +240,7 @@ def rows_for(connections: int, runs: list[Pair], workers: int = 0) -> list[Row]:
         errors = f"; errors: direct {direct_errors}, llmswap {proxied_errors}"
     name = _named(connections, workers)
     of = _of(len(runs))
-
-    def median(values: list[float]) -> float:
-        return statistics.median(values)
-
+    median = statistics.median
     direct_rate = median([run.direct.requests_per_second for run in runs])
     proxied_rate = median([run.proxied.requests_per_second for run in runs])
     direct_p50, proxied_p50 = median([r.direct.p50 for r in runs]), median([r.proxied.p50 for r in runs])
