@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -45,7 +46,10 @@ class Listed:
 
 
 class Pair:
-    """Main (a router with a dispatcher and a grant service) and one worker, joined by a socketpair."""
+    """Main (a router with a dispatcher and a grant service) and one worker, joined by a socketpair (both
+    ends closed after the test: `_channels_closed`)."""
+
+    joined: list[Channel] = []  # both ends of every pair of the test running
 
     def __init__(self, cfg: Config, entries: Entries | None = None) -> None:
         self.main = Setup(cfg)
@@ -62,6 +66,7 @@ class Pair:
         _, worker_end = await loop.create_unix_connection(
             lambda: Channel(self.leases.on_message, self.leases.on_lost), sock=theirs)
         self.leases.channel = worker_end
+        Pair.joined += (self.main_end, worker_end)
 
     def lease(self, model: str, options: AcquireOptions = NO_OPTIONS, on_cancel: Any = None) -> Any:
         return self.leases.lease(self.cfg.models[model], options, SHOWN, on_cancel or (lambda _: None))
@@ -70,6 +75,15 @@ class Pair:
         for _ in range(5):  # a message each way, each a loop turn to write and one to read
             await asyncio.sleep(0)
         await self.main.router.wait_idle()
+
+
+@pytest.fixture(autouse=True)
+async def _channels_closed() -> AsyncIterator[None]:
+    yield
+    joined, Pair.joined = Pair.joined, []
+    for channel in joined:
+        channel.close()
+    await asyncio.sleep(0)  # the transports close on the next turn of the loop
 
 
 async def a_held_and_b_waiting(pair: Pair) -> tuple[Any, asyncio.Task[Any]]:
