@@ -181,7 +181,7 @@ class Server:
     async def _start_workers(self, site: FrontSite, app: web.Application, tls: bool) -> None:
         reason = workers_unavailable(tls)
         if reason is not None:
-            log.warning("--workers %d ignored: %s this process serves alone", self.options.workers, reason)
+            log.warning("--workers %d ignored: %s; this process serves alone", self.options.workers, reason)
             return
         assert site.front is not None
         options = self.options

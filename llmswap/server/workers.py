@@ -75,11 +75,11 @@ def workers_unavailable(tls: bool, platform: str | None = None) -> str | None:
     """Why worker processes cannot serve here (on `platform`, default this one), or None when they can."""
     platform = sys.platform if platform is None else platform
     if tls:
-        return "a TLS connection cannot move between processes, so with --tls-cert-file"
+        return "a TLS connection cannot move between processes (--tls-cert-file is given)"
     if not platform.startswith("linux"):
         # Connections move as Linux delivers SCM_RIGHTS (`llmswap.workers.handover`), and main tells a
         # reload's retired workers apart by SO_PEERCRED.
-        return f"worker processes need Linux (this is {platform}), so here"
+        return f"worker processes need Linux (this is {platform})"
     return None
 
 

@@ -242,8 +242,8 @@ async def test_tls_with_workers_serves_alone_and_says_why(tmp_path: Path) -> Non
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=trusted)) as http,
     ):
         await server.wait_for_output("listening on", within=WITHIN)
-        assert any("--workers 1 ignored: a TLS connection cannot move between processes, so with "
-                   "--tls-cert-file this process serves alone" in line for line in server.stdout_lines)
+        assert any("--workers 1 ignored: a TLS connection cannot move between processes (--tls-cert-file is "
+                   "given); this process serves alone" in line for line in server.stdout_lines)
         base = f"https://{HOST}:{port}"
         async with http.get(f"{base}/api/workers") as response:
             assert (await response.json())["workers"] == []
