@@ -297,19 +297,10 @@ class Workers:
         """A connection a worker gave back: with a request (`held`) that main serves, or idle (a retiring
         worker's), then shared anew like a new one."""
         owner = None if held else self._next_owner()
-        if owner is not None:
-            self._spawn(self._pass_on(owner, sock))
+        if owner is not None:  # should that worker be going too, main serves it after all
+            self._spawn(owner.pass_descriptor(sock.detach(), b"", self._adopt_here))
         else:
             self._adopt_here(sock, held)
-
-    async def _pass_on(self, owner: HandOverSender, sock: socket.socket) -> None:
-        try:
-            await owner.send(sock.fileno(), b"")
-        except OSError as exc:  # that worker is going too: serve it here
-            log.debug("an idle connection could not move to a worker (%s); main serves it", exc)
-            self._adopt_here(sock, b"")
-            return
-        sock.close()  # the worker holds it now
 
     def _adopt_here(self, sock: socket.socket, held: bytes) -> None:
         front = self.front

@@ -169,7 +169,11 @@ class HandOverSender:
         is served here after all), or without one is closed (nobody could serve it)."""
         if len(held) > MAX_HELD:
             raise NotMovable(f"{len(held)} held bytes are more than a hand-over carries ({MAX_HELD})")
-        fd = await detach(transport)
+        await self.pass_descriptor(await detach(transport), held, keep)
+
+    async def pass_descriptor(self, fd: int, held: bytes, keep: Adopt | None = None) -> None:
+        """Give the other end the connection of descriptor `fd` (this call's to close), to be served from
+        `held` on; OSError when the channel fails, unless `keep(sock, held)` then serves it here."""
         kept = False
         try:
             await self.send(fd, held)
