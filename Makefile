@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 LISTEN ?= 127.0.0.1:8080
 
-.PHONY: run test lint bench clean
+.PHONY: run test test-unit lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,10 +18,15 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check llmswap tests bench
+	$(PY) -m mypy
 	$(PY) -m pytest -q tests
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit
 
 lint: $(STAMP)
 	$(PY) -m ruff check llmswap tests bench
+	$(PY) -m mypy
 
 bench: $(STAMP)
 	$(PY) -m bench

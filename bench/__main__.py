@@ -162,8 +162,7 @@ async def llama_rows(scale: Scale) -> list[Row]:
 async def wrk_rows(scale: Scale) -> list[Row]:
     if (reason := wrk_nginx.ensure_tools()) is not None:
         return [Row.skipped("wrk against nginx: throughput and latency under concurrency", reason)]
-    return await wrk_nginx.measure(scale.wrk_seconds, wrk_nginx.CONNECTIONS, workers=1,
-                                   rounds=scale.wrk_rounds)
+    return await wrk_nginx.measure(scale.wrk_seconds, wrk_nginx.CONNECTIONS, rounds=scale.wrk_rounds)
 
 
 PARTS: list[tuple[str, Callable[[Scale], Awaitable[list[Row]]]]] = [

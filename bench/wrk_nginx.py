@@ -1,6 +1,6 @@
 """Throughput under concurrency: wrk posting a chat request to nginx, directly and through llmswap.
 
-Run: `python -m bench.wrk_nginx [--seconds 5] [--connections 1,16,64,256] [--rounds 3] [--workers 1]`. Prints
+Run: `python -m bench.wrk_nginx [--seconds 5] [--connections 1,16,64,256] [--rounds 3]`. Prints
 a markdown table; asserts nothing.
 
 nginx answers every POST with a fixed chat completion, so the upstream costs next to nothing and what is
@@ -29,8 +29,6 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-
-import aiohttp
 
 from bench.launch import HOST, free_port, running_llmswap, write_config
 from bench.report import Row, markdown_table, ms, per_second, ratio
@@ -155,8 +153,7 @@ def post_script(folder: Path) -> Path:
     return script
 
 
-async def measure(seconds: float, connections: tuple[int, ...], workers: int = 0, rounds: int = 1
-                  ) -> list[Row]:
+async def measure(seconds: float, connections: tuple[int, ...], rounds: int = 1) -> list[Row]:
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
         port = free_port()
@@ -167,32 +164,28 @@ async def measure(seconds: float, connections: tuple[int, ...], workers: int = 0
         }}, preload=[MODEL])
         script = post_script(folder)
         direct_url = f"http://{HOST}:{port}/v1/chat/completions"
-        rows: list[Row] = []
-        for processes in (0, workers) if workers else (0,):
-            async with running_llmswap(config, [f"http://{HOST}:{port}/health"],
-                                       ("--workers", str(processes))) as server:
-                if processes:
-                    await workers_connected(server.url, processes)
-                proxied_url = f"{server.url}/v1/chat/completions"
-                await wrk(proxied_url, 16, 1, script)  # warm both: pools, caches
-                await wrk(direct_url, 16, 1, script)
-                runs: dict[int, list[Pair]] = {count: [] for count in connections}
-                for round_ in range(rounds):
-                    for count in connections:
-                        print(f"bench.wrk_nginx: {count} connections, {processes} workers, round "
-                              f"{round_ + 1} of {rounds}...", file=sys.stderr, flush=True)
-                        # Who goes first alternates from round to round, so drift touches both sides alike.
-                        if round_ % 2 == 0:
-                            direct = await wrk(direct_url, count, seconds, script)
-                            proxied = await wrk(proxied_url, count, seconds, script)
-                        else:
-                            proxied = await wrk(proxied_url, count, seconds, script)
-                            direct = await wrk(direct_url, count, seconds, script)
-                        runs[count].append(Pair(direct, proxied))
-            for count in connections:
-                rows += rows_for(count, runs[count], processes)
-            if 64 in runs and 256 in runs:
-                rows.append(more_connections_row(runs[64], runs[256], processes))
+        async with running_llmswap(config, [f"http://{HOST}:{port}/health"]) as server:
+            proxied_url = f"{server.url}/v1/chat/completions"
+            await wrk(proxied_url, 16, 1, script)  # warm both: pools, caches
+            await wrk(direct_url, 16, 1, script)
+            runs: dict[int, list[Pair]] = {count: [] for count in connections}
+            for round_ in range(rounds):
+                for count in connections:
+                    print(f"bench.wrk_nginx: {count} connections, round {round_ + 1} of {rounds}...",
+                          file=sys.stderr, flush=True)
+                    # Who goes first alternates from round to round, so drift touches both sides alike.
+                    if round_ % 2 == 0:
+                        direct = await wrk(direct_url, count, seconds, script)
+                        proxied = await wrk(proxied_url, count, seconds, script)
+                    else:
+                        proxied = await wrk(proxied_url, count, seconds, script)
+                        direct = await wrk(direct_url, count, seconds, script)
+                    runs[count].append(Pair(direct, proxied))
+    rows: list[Row] = []
+    for count in connections:
+        rows += rows_for(count, runs[count])
+    if 64 in runs and 256 in runs:
+        rows.append(more_connections_row(runs[64], runs[256]))
     return rows
 
 
@@ -208,29 +201,15 @@ class Pair:
         return self.proxied.requests_per_second / self.direct.requests_per_second
 
 
-async def workers_connected(url: str, count: int) -> None:
-    """Return once llmswap lists `count` workers (each started and connected)."""
-    async with aiohttp.ClientSession() as http:
-        for _ in range(200):
-            async with http.get(f"{url}/api/workers") as response:
-                if len((await response.json())["workers"]) >= count:
-                    return
-            await asyncio.sleep(0.1)
-    raise SystemExit(f"llmswap --workers {count}: the workers did not connect within 20 s")
-
-
-def _named(connections: int, workers: int) -> str:
-    name = f"wrk, {connections} connection{'s' if connections > 1 else ''}"
-    if workers:
-        name += f", llmswap --workers {workers}"
-    return name
+def _named(connections: int) -> str:
+    return f"wrk, {connections} connection{'s' if connections > 1 else ''}"
 
 
 def _of(rounds: int) -> str:
     return f", median of {rounds}" if rounds > 1 else ""
 
 
-def rows_for(connections: int, runs: list[Pair], workers: int = 0) -> list[Row]:
+def rows_for(connections: int, runs: list[Pair]) -> list[Row]:
     """Throughput and latency at one connection count: the median of each side over the rounds, and the
     median of the rounds' own ratios (each from two runs back to back)."""
     errors = ""
@@ -238,7 +217,7 @@ def rows_for(connections: int, runs: list[Pair], workers: int = 0) -> list[Row]:
     proxied_errors = sum(run.proxied.errors for run in runs)
     if direct_errors or proxied_errors:
         errors = f"; errors: direct {direct_errors}, llmswap {proxied_errors}"
-    name = _named(connections, workers)
+    name = _named(connections)
     of = _of(len(runs))
     median = statistics.median
     direct_rate = median([run.direct.requests_per_second for run in runs])
@@ -254,13 +233,13 @@ def rows_for(connections: int, runs: list[Pair], workers: int = 0) -> list[Row]:
     ]
 
 
-def more_connections_row(at_64: list[Pair], at_256: list[Pair], workers: int = 0) -> Row:
+def more_connections_row(at_64: list[Pair], at_256: list[Pair]) -> Row:
     """llmswap's throughput at 256 connections against its own at 64: the rounds' ratios, each from runs of
     the same round (minutes apart at most), and the median of those."""
     rates_64 = [run.proxied.requests_per_second for run in at_64]
     rates_256 = [run.proxied.requests_per_second for run in at_256]
     each = [high / low for low, high in zip(rates_64, rates_256, strict=True)]
-    name = "wrk, llmswap at 256 connections against 64" + (f", --workers {workers}" if workers else "")
+    name = "wrk, llmswap at 256 connections against 64"
     low, high = statistics.median(rates_64), statistics.median(rates_256)
     return Row(f"{name}{_of(len(each))}", "llmswap at 64 connections", per_second(low, "req"),
                per_second(high, "req"), ratio(statistics.median(each), 1.0))
@@ -274,17 +253,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated connection counts (default 1,16,64,256)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="runs of each side at each count, alternating who goes first (default 3)")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="then the same through llmswap --workers N (default 1; 0: not measured)")
     args = parser.parse_args(argv)
     counts = tuple(int(part) for part in args.connections.split(",") if part.strip())
     if (reason := ensure_tools()) is not None:
         print(f"bench.wrk_nginx: skipped: {reason}")
         return 0
-    rows = asyncio.run(measure(args.seconds, counts, args.workers, args.rounds))
+    rows = asyncio.run(measure(args.seconds, counts, args.rounds))
     print(f"Machine: {describe_machine()}")
     command = (f"python -m bench.wrk_nginx --seconds {args.seconds:g} --connections {args.connections} "
-               f"--rounds {args.rounds} --workers {args.workers}")
+               f"--rounds {args.rounds}")
     print(f"Command: `{command}`\n")
     print(markdown_table(rows))
     return 0

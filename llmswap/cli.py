@@ -62,10 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     flag(parser, "log-level", choices=LOG_LEVELS, metavar="LEVEL", dest="log_level",
          help=f"one of {', '.join(LOG_LEVELS)}; overrides the config's logLevel")
     add_tls_arguments(parser)
-    flag(parser, "workers", type=_worker_count, default=0, metavar="N",
-         help="N processes beside this one serve the fast requests (non-streaming JSON to a local model) "
-              "on more cores, one scheduler for all; 0 (the default): this process alone; Linux only, not "
-              "with TLS")
+    flag(parser, "shutdown-grace", type=_seconds, default=None, metavar="SECONDS", dest="shutdown_grace",
+         help="on SIGINT/SIGTERM, how long the answers in flight get to finish before they are ended with "
+              "an error (default 10)")
     flag(parser, "version", action="version", version=f"llmswap {__version__}")
 
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -84,15 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _worker_count(text: str) -> int:
+def _seconds(text: str) -> float:
     try:
-        count = int(text)
+        seconds = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes (0 to 64)") from None
-    if not 0 <= count <= 64:
-        raise argparse.ArgumentTypeError(f"{count} workers: give 0 to 64 (one per spare core is the most "
-                                         "that helps)")
-    return count
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= seconds <= 3600:
+        raise argparse.ArgumentTypeError(f"{text} seconds: give 0 to 3600")
+    return seconds
 
 
 def _load(sources: ConfigSources) -> Config | None:
@@ -115,7 +113,7 @@ def check_config(sources: ConfigSources) -> int:
 
 
 def serve_command(sources: ConfigSources, args: argparse.Namespace, host: str, port: int) -> int:
-    from llmswap.server.lifecycle import ServeOptions, StartError, run
+    from llmswap.server.lifecycle import SHUTDOWN_GRACE, ServeOptions, StartError, run
 
     config = _load(sources)
     if config is None:
@@ -124,10 +122,11 @@ def serve_command(sources: ConfigSources, args: argparse.Namespace, host: str, p
         print(f"llmswap: not started: fix the problems above (`llmswap check-config{given}` "
               f"checks the config without starting)", file=sys.stderr)
         return 1
+    grace = SHUTDOWN_GRACE if args.shutdown_grace is None else args.shutdown_grace
     options = ServeOptions(config_path=sources.file, config_dir=sources.directory, host=host, port=port,
                            watch_config=args.watch_config, log_level=args.log_level,
                            tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
-                           workers=args.workers)
+                           shutdown_grace=grace)
     try:
         return run(options, config)
     except StartError as err:

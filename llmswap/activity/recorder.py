@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -95,8 +95,6 @@ class ActivityRecorder:
         self._ended: list[Recording] = []  # ended with `finish_soon`, not yet settled
         self._ended_bytes = 0  # the answers they hold
         self._settling: asyncio.TimerHandle | None = None
-        # Where else rows come from (worker processes): each, awaited, makes its own rows so far arrive.
-        self.remote: list[Callable[[], Awaitable[None]]] = []
 
     @staticmethod
     def _max_rows(settings: ActivitySettings) -> int:
@@ -152,13 +150,6 @@ class ActivityRecorder:
                 recording.settle()
             except Exception:
                 log.exception("activity: recording a request failed")
-
-    async def settled(self) -> None:
-        """`settle`, after the rows recorded elsewhere so far (worker processes) have arrived: what a reader
-        awaits first."""
-        if self.remote:
-            await asyncio.gather(*(source() for source in self.remote))
-        self.settle()
 
     def next_id(self) -> int:
         return next(self._ids)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from json.scanner import make_scanner  # type: ignore[attr-defined]
+from json.scanner import make_scanner
 from typing import Any, NamedTuple
 
 UNKNOWN = -1
@@ -156,7 +156,7 @@ def fold_event(reported: Reported, event: Any) -> Reported:
     return reported
 
 
-_SCAN = make_scanner(json.JSONDecoder())  # (text, index) → (value, end)
+_SCAN = make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # (text, index) → (value, end)
 _USAGE_FOLLOWS, _TIMINGS_FOLLOWS, _METRICS_FOLLOWS = (
     re.compile(rb'"' + key + rb'"\s*:\s*\{') for key in (b"usage", b"timings", b"metrics"))
 NOTHING_REPORTED = Reported()
@@ -205,7 +205,7 @@ def _last_object(body: bytes, quoted: bytes, follows: re.Pattern[bytes]) -> dict
                 # needed. The scanner alone (what `raw_decode` calls) raises StopIteration where the
                 # text is not JSON.
                 value, _ = _SCAN(body[start:].decode("utf-8", errors="replace"), 0)
-                return value  # type: ignore[no-any-return]  # a dict: it starts at `{`
+                return value  # a dict: it starts at `{`
             except (StopIteration, ValueError):
                 pass
         end = at

@@ -222,10 +222,10 @@ def compile_matrix(
             raise MatrixError(
                 f'evict_cost for "{key}" must be a positive integer, got {shown}', ("evict_costs", key)
             )
-        model = resolve(key)
-        if model is None:
+        resolved = resolve(key)
+        if resolved is None:
             raise MatrixError(f'evict_costs: unknown var or model "{key}"', ("evict_costs", key))
-        costs[model] = cost
+        costs[resolved] = cost
 
     texts: dict[str, str] = {}
     for name, text in sets:

@@ -43,7 +43,7 @@ def _represent_mapping(dumper: yaml.SafeDumper, data: Mapping[str, Any]) -> yaml
 
 
 _Dumper.add_representer(str, _represent_str)
-_Dumper.add_multi_representer(Mapping, _represent_mapping)  # MappingProxyType included
+_Dumper.add_multi_representer(Mapping, _represent_mapping)  # type: ignore[type-abstract]  # MappingProxyType too
 
 
 def _number(value: float) -> int | float:

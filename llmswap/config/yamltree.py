@@ -252,6 +252,7 @@ class _Converter:
             if isinstance(node, yaml.SequenceNode):
                 items = [self.convert(child, f"{path}[{i}]", depth + 1) for i, child in enumerate(node.value)]
                 return Seq(items, line)
+            assert isinstance(node, yaml.MappingNode)  # the one kind of node left
             return self._mapping(node, path, depth, line)
         finally:
             self.active.discard(id(node))

@@ -19,7 +19,9 @@ class NvmlReader:
 
     def __init__(self, nvml: Any = None) -> None:
         if nvml is None:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         self._nvml = nvml
         nvml.nvmlInit()
         self._open = True

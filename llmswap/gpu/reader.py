@@ -45,6 +45,8 @@ class GpuGauges(Protocol):
     """Readers of real (or fake) GPUs also give their gauges: NVML and the fake reader do; host RAM does
     not. Check with `isinstance(reader, GpuGauges)`."""
 
+    kind: str  # as MemoryReader's
+
     def readings(self) -> list[GpuReading]: ...
 
     def driver_version(self) -> str | None: ...

@@ -73,7 +73,7 @@ def _cpu() -> dict[str, Any]:
             "logical_thread_count": psutil.cpu_count(logical=True)}
 
 
-def _accelerators(reader: MemoryReader | None) -> list[dict[str, Any]]:
+def _accelerators(reader: GpuGauges | MemoryReader | None) -> list[dict[str, Any]]:
     if reader is None or not isinstance(reader, GpuGauges):
         return []
     driver_version = reader.driver_version()
@@ -85,7 +85,7 @@ def _accelerators(reader: MemoryReader | None) -> list[dict[str, Any]]:
             for position, reading in enumerate(reader.readings())]
 
 
-def detect(reader: MemoryReader | None) -> dict[str, Any]:
+def detect(reader: GpuGauges | MemoryReader | None) -> dict[str, Any]:
     """The hardware report (blocking: call it off the event loop)."""
     machine = platform.machine().lower()
     arch = _ARCHITECTURES.get(machine, "other")

@@ -54,10 +54,7 @@ _prctl = _load_prctl()
 
 
 def parent_death_signal() -> Callable[[], None] | None:
-    """A preexec function arming SIGKILL-on-parent-death in the child, or None where it does not exist.
-
-    Also used for llmswap's own worker processes (`llmswap.workers.supervisor`): one owner of the prctl.
-    """
+    """A preexec function arming SIGKILL-on-parent-death in the child, or None where it does not exist."""
     prctl = _prctl
     if prctl is None:
         return None

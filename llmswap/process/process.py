@@ -30,6 +30,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from llmswap.config.model import ModelConfig
 from llmswap.process.child import Child, spawn_child
@@ -192,8 +193,8 @@ class Process:
         try:
             child = await spawn_child(argv, env=self._env(), on_line=self._on_output)
         except (OSError, subprocess.SubprocessError) as exc:
-            error = StartFailed(f"failed to start command '{self.config.argv_shown}': {exc}")
-            return self._start_failed(run, error)
+            failure = StartFailed(f"failed to start command '{self.config.argv_shown}': {exc}")
+            return self._start_failed(run, failure)
         run.child = child
         self.pid = child.pid
         spawned = self._clock()
@@ -323,11 +324,11 @@ class Process:
             logger.warning("[%s] cmdStop '%s' failed to start (%s): sending SIGTERM", self.id, argv[0], exc)
             return None
 
-    async def _sleep(self, run: Run, limit: float | None, *also: asyncio.Future[object]) -> None:
+    async def _sleep(self, run: Run, limit: float | None, *also: asyncio.Future[Any]) -> None:
         """Wait until something may have changed (a wake-up, one of `also`, `limit` seconds); the caller
         re-checks everything afterwards."""
         if not run.wake.is_set():
-            waker = asyncio.ensure_future(run.wake.wait())
+            waker: asyncio.Future[Any] = asyncio.ensure_future(run.wake.wait())
             try:
                 await asyncio.wait({waker, *also}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
             finally:

@@ -78,7 +78,8 @@ class RouterEffects(Effects):
     # A request's futures live in its Waiter, which answers these itself (see llmswap.router.types).
 
     def admit(self, req: HandlerRequest) -> bool:
-        return req.handle.admit()
+        waiter: Waiter = req.handle
+        return waiter.admit()
 
     def grant_serve(self, req: HandlerRequest, model: str) -> bool:
         waiter: Waiter = req.handle

@@ -117,10 +117,9 @@ class RequestApi:
     def _serve(self, model: str, req: HandlerRequest, options: AcquireOptions,
                on_admitted: Callable[[ProcessState], None] | None = None) -> Grant:
         """The grant of `req`, granted `model`, served from here on by the current task (the one a preemption
-        cancels), or by `options.holder` when given. Ended again at once, should a callback fail or a
-        preemption have come first."""
+        cancels). Ended again at once, should a callback fail or a preemption have come first."""
         waiter: Waiter = req.handle
-        waiter.task = options.holder or asyncio.current_task()
+        waiter.task = asyncio.current_task()
         granted = Grant(model, self.processes[model], req, self._end, options.backlog)
         try:
             if on_admitted is not None:

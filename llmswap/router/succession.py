@@ -16,7 +16,9 @@ from typing import Protocol
 
 from llmswap.process.events import ProcessEvent
 from llmswap.process.state import ProcessState
+from llmswap.router.grant import Grant
 from llmswap.router.types import NO_OPTIONS, AcquireOptions, ProcessLike
+from llmswap.scheduler.types import ModelLoad
 
 
 class SuccessorRouter(Protocol):
@@ -25,6 +27,8 @@ class SuccessorRouter(Protocol):
     def acquire(
         self, model: str, options: AcquireOptions = NO_OPTIONS,
     ) -> contextlib.AbstractAsyncContextManager[ProcessLike]: ...
+    async def grant(self, model: str, options: AcquireOptions = NO_OPTIONS) -> Grant: ...
+    def load_of(self, model: str) -> ModelLoad | None: ...
     async def unload(self, models: Iterable[str] | None = None, timeout: float | None = None) -> None: ...
     def on_process_event(self, event: ProcessEvent) -> None: ...
 

@@ -56,19 +56,6 @@ ProcessFactory = Callable[[ModelConfig, ProcessEventSink], ProcessLike]
 Backlog = int | Callable[[], int]
 
 
-class Holder(Protocol):
-    """What serves a granted request, the one a preemption cancels: the task that asked (an `asyncio.Task`),
-    or a stand-in for a request a worker process serves (`llmswap.workers.grants`)."""
-
-    def done(self) -> bool: ...
-
-    def cancel(self, msg: Any | None = None) -> bool: ...
-
-    def cancelling(self) -> int: ...
-
-    def uncancel(self) -> int: ...
-
-
 @dataclass(frozen=True)
 class AcquireOptions:
     """How one request asks a router for its model (`acquire`, `Dispatcher.lease`); the defaults: a plain
@@ -83,7 +70,6 @@ class AcquireOptions:
     on_admitted: Callable[[ProcessState], None] | None = None  # passed admission: the model's state then
     on_position: Callable[[int], None] | None = None  # its 1-based place in the queue changed
     on_granted: Callable[[float], None] | None = None  # granted: seconds of its wait its model spent loading
-    holder: Holder | None = None  # what serves it once granted (default: the task that asks)
 
 
 NO_OPTIONS = AcquireOptions()
@@ -106,7 +92,7 @@ class Waiter:
     position: int = 0
     gone: bool = False  # the client left; grants must fail
     load: float = 0.0  # seconds of its wait its model spent loading (for the access log)
-    task: Holder | None = None  # what serves it once granted, a task as a rule (preemption cancels it)
+    task: asyncio.Task[Any] | None = None  # what serves it once granted (preemption cancels it)
     preempted: str | None = None  # set by `preempt`: why its answer is being ended
 
     def admit(self) -> bool:

@@ -78,7 +78,7 @@ class VramRouter(BaseRouter):
         )
         super().__init__("vram", config, scheduler_factory(config, "vram", swapper, clock),
                          process_factory=process_factory, clock=clock)
-        self.swapper = swapper
+        self.swapper = self.vram_swapper = swapper
         self.sample_interval = sample_interval
         self.memory_wait = memory_wait
         self.last_memory_wait: dict[str, float] = {}  # target -> seconds waited for memory before its start
@@ -167,7 +167,7 @@ class VramRouter(BaseRouter):
         return sorted(
             m for m, p in self.processes.items()
             if m != target and p.state is ProcessState.READY and not in_flight.get(m)
-            and not self.swapper.is_persistent(m) and m not in self._swaps
+            and not self.vram_swapper.is_persistent(m) and m not in self._swaps
             # After a config reload, the previous router may still be streaming from an adopted model.
             and not (self.handover_in is not None and self.handover_in.serving(m))
         )
@@ -275,9 +275,9 @@ class VramRouter(BaseRouter):
     def router_extras(self) -> dict[str, Any]:
         running = [m for m, p in self.processes.items() if p.state.is_running]
         devices = {}
-        for device, budget in sorted(self.swapper.budgets.items()):
+        for device, budget in sorted(self.vram_swapper.budgets.items()):
             used = sum(self.book.footprint_of(m).per_device.get(device, 0) for m in running)
-            devices[self.swapper.label(device)] = {"budget": budget, "in_use": used,
+            devices[self.vram_swapper.label(device)] = {"budget": budget, "in_use": used,
                                                    "budget_human": format_bytes(budget),
                                                    "in_use_human": format_bytes(used)}
         return {"vram": {"reader": self.reader.kind, "devices": devices}}

@@ -94,7 +94,7 @@ async def activity(request: web.Request) -> web.Response:
     except QueryError as exc:
         return error_response(request, 400, str(exc))
     recorder = recorder_of(state(request))
-    await recorder.settled()
+    recorder.settle()
     try:
         page = await recorder.log.page(query)
     except Exception:
@@ -106,7 +106,7 @@ async def activity(request: web.Request) -> web.Response:
 async def stats(request: web.Request) -> web.Response:
     model = request.query.get("model", "").strip() or None
     recorder = recorder_of(state(request))
-    await recorder.settled()
+    recorder.settle()
     try:
         body = await recorder.log.stats(model)
     except Exception:
@@ -121,7 +121,7 @@ async def capture(request: web.Request) -> web.Response:
     except ValueError:
         return error_response(request, 400, "invalid capture ID")
     recorder = recorder_of(state(request))
-    await recorder.settled()
+    recorder.settle()
     found = recorder.captures.get(activity_id)
     if found is None:
         return error_response(request, 404, "capture not found")

@@ -20,7 +20,7 @@ from llmswap import __version__
 from llmswap.config.model import Capabilities, Config, ModelConfig
 from llmswap.process.state import ProcessState
 from llmswap.router import AcquireOptions
-from llmswap.router.base import ProcessLike
+from llmswap.router.types import ProcessLike
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.scheduler.types import SchedulerSnapshot
 from llmswap.server.connections import cancel_on_hangup

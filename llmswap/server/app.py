@@ -36,7 +36,6 @@ def create_app(server_state: ServerState) -> web.Application:
         realtime,
         ui,
         upstream,
-        workers,
     )
 
     app = web.Application(
@@ -64,7 +63,6 @@ def create_app(server_state: ServerState) -> web.Application:
     cancel.setup(app)
     performance_api.setup(app)
     ui.setup(app)
-    workers.setup(app)
     app.on_startup.append(_start_tasks)
     app.on_cleanup.append(_stop_tasks)
     return app

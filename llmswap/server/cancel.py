@@ -1,12 +1,13 @@
-"""Ending a request in flight on request (`POST /api/inflight/{id}/cancel`), cleanly for its client.
+"""Ending a request in flight from llmswap's side (`POST /api/inflight/{id}/cancel`, the end of a graceful
+stop's grace), cleanly for its client.
 
-Owns `served`, the one frame a model-routed request runs in (its in-flight entry, its cancel, the end of
-its activity recording). The tracker cancels the task serving the request (`InflightTracker.cancel`); the
+Owns `served`, the one frame a model-routed request runs in (its in-flight entry, its cut, the end of its
+activity recording). The tracker cancels the task serving the request (`InflightTracker.cut`); the
 cancellation unwinds through the router grant (the model's in-flight count drops as for any finished
 request) and the upstream call (its connection is closed, so the upstream stops generating). `served`
-then turns it into a clean end: an error event and the end of an event stream already under way, an error
-body when nothing was sent yet, a cut connection for any other body already started (never a
-complete-looking truncated one).
+then turns it into a clean end that says why: an error event and the end of an event stream already under
+way, an error body when nothing was sent yet, a cut connection for any other body already started (never
+a complete-looking truncated one).
 """
 
 from __future__ import annotations
@@ -22,17 +23,12 @@ from llmswap.activity.recording import Recording
 from llmswap.server.activity_api import finish_http
 from llmswap.server.connections import cancel_on_hangup
 from llmswap.server.errors import error_response
-from llmswap.server.inflight import InflightEntry, tracker_of
+from llmswap.server.inflight import Cut, InflightEntry, tracker_of
+from llmswap.server.middleware import note_cut
 from llmswap.server.proxy import SseErrorFormatter, is_event_stream, openai_sse_error
 from llmswap.server.state import state
 
 log = logging.getLogger("llmswap.proxy")
-
-CANCELLED_STATUS = 502  # what llama-swap's activity shows for a cancelled request; the body says why
-
-
-def cancelled_message(entry_id: str) -> str:
-    return f"the request was cancelled through /api/inflight/{entry_id}/cancel"
 
 
 async def served(
@@ -50,7 +46,7 @@ async def served(
     One frame instead of a wrapper per concern, and no watcher task: a client that hangs up cancels the
     handler's task (`connections.cancel_on_hangup`), which unwinds through the router's queue or grant and
     the upstream call like any cancellation; it is told apart from a cancel through
-    `/api/inflight/{id}/cancel` by the entry's `cancelled`, and from a preemption by the router, which
+    `/api/inflight/{id}/cancel` or a stop by the entry's `cut`, and from a preemption by the router, which
     turns its own cancel into `Preempted` before it gets here."""
     task = asyncio.current_task()
     cancel_on_hangup(request, task)
@@ -61,10 +57,10 @@ async def served(
         response = await work
         return response
     except asyncio.CancelledError:
-        if entry is None or not entry.cancelled or task is None:
-            raise  # the client left, or the server is stopping
+        if entry is None or entry.cut is None or task is None:
+            raise  # the client left
         task.uncancel()
-        response = await _cancelled_end(request, entry, sse_error, recording)
+        response = await _cut_end(request, entry, entry.cut, sse_error, recording)
         return response
     finally:
         if entry is not None:
@@ -73,22 +69,23 @@ async def served(
             finish_http(recording, response)
 
 
-async def _cancelled_end(
-    request: web.Request, entry: InflightEntry, sse_error: SseErrorFormatter, recording: Recording | None,
+async def _cut_end(
+    request: web.Request, entry: InflightEntry, cut: Cut, sse_error: SseErrorFormatter,
+    recording: Recording | None,
 ) -> web.StreamResponse:
-    """The client's clean end after its request was cancelled in flight: an error body when nothing was
-    sent yet, an error event and the end of an event stream under way, else a cut connection (never a
+    """The client's clean end after llmswap cut its request: an error body when nothing was sent yet, an
+    error event and the end of an event stream under way, else a cut connection (never a
     complete-looking truncated body)."""
-    message = cancelled_message(entry.id)
-    log.info("%s %s: %s", request.method, request.path, message)
+    log.info("%s %s: %s", request.method, request.path, cut.message)
+    note_cut(request, cut.reason)
     if recording is not None:
-        recording.fail(CANCELLED_STATUS, message)
+        recording.fail(cut.status, cut.message)
     response = entry.response
     if response is None or not response.prepared:
-        return error_response(request, CANCELLED_STATUS, message)
+        return error_response(request, cut.status, cut.message)
     if is_event_stream(response.headers.get(hdrs.CONTENT_TYPE, "")):
         with contextlib.suppress(ConnectionError):
-            await response.write(sse_error(CANCELLED_STATUS, message))
+            await response.write(sse_error(cut.status, cut.message))
             await response.write_eof()
         return response
     if request.transport is not None:

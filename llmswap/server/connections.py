@@ -24,7 +24,7 @@ import logging
 import math
 import resource
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
@@ -184,19 +184,8 @@ def _json_error(status: int, message: str) -> web.Response:
     return web.Response(status=status, body=error_body(status, message), content_type="application/json")
 
 
-class FrontHeld(Protocol):
-    """A client connection the front server (`llmswap.server.front`) holds, not yet handed to aiohttp."""
-
-    def close_if_idle(self) -> None: ...
-
-    async def shutdown(self, grace: float | None) -> None: ...
-
-
 class ConnectionServer(web.Server):
-    """aiohttp's server, making a `ClientConnection` (with the live config's header timeout) per client.
-
-    It also knows the connections the front holds (`front_held`), so a stop covers both kinds: idle ones
-    close at once, busy ones get the same grace as aiohttp's handlers."""
+    """aiohttp's server, making a `ClientConnection` (with the live config's header timeout) per client."""
 
     def __init__(self, made: web.Server, header_timeout: Callable[[], float], **handler_args: Any) -> None:
         super().__init__(self._handle, request_factory=made.request_factory,
@@ -204,21 +193,6 @@ class ConnectionServer(web.Server):
         self._app_handler = made.request_handler
         self._header_timeout = header_timeout
         self._handler_args = handler_args
-        self.front_held: set[FrontHeld] = set()
-
-    @property
-    def open_connections(self) -> int:
-        """Client connections open now, on the front or handed to aiohttp."""
-        return len(self.connections) + len(self.front_held)
-
-    def pre_shutdown(self) -> None:
-        super().pre_shutdown()
-        for connection in list(self.front_held):
-            connection.close_if_idle()
-
-    async def shutdown(self, timeout: float | None = None) -> None:
-        held = [connection.shutdown(timeout) for connection in list(self.front_held)]
-        await asyncio.gather(super().shutdown(timeout), *held)
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         # aiohttp answers an Expect header before any middleware runs, in plain text (and with a 500 when
@@ -248,16 +222,6 @@ class Runner(web.AppRunner):
         super().__init__(app, handle_signals=False, access_log=None, **kwargs)
         self._header_timeout = header_timeout
         self.stopping = False
-
-    def header_timeout(self) -> float:
-        """The live config's clientHeaderTimeout, for a connection opening now."""
-        return self._header_timeout()
-
-    def connection_server(self) -> ConnectionServer:
-        server = self.server
-        if not isinstance(server, ConnectionServer):
-            raise RuntimeError("call setup() before serving")
-        return server
 
     def begin_stop(self) -> None:
         """From now on every response closes its connection."""

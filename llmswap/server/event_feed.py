@@ -102,8 +102,10 @@ class EventFeed:
             self._swaps.append(record)
             self.bus.publish(Event("swap", record.as_dict("started")))
         elif isinstance(item, SwapFinished):
-            record = self._open.pop(id(item.plan), None)
-            if record is None:  # started before this feed watched the router
+            opened = self._open.pop(id(item.plan), None)
+            if opened is not None:
+                record = opened
+            else:  # started before this feed watched the router
                 record = SwapRecord(next(self._swap_ids), item.plan, self.wall_clock() - item.duration)
                 self._swaps.append(record)
             record.finished = True

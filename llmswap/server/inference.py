@@ -34,7 +34,6 @@ from llmswap.server.profiles import active_profile
 from llmswap.server.proxy import (
     CLIENT_CLOSED_REQUEST,
     Body,
-    SplicedBody,
     close_upstream_pool,
     dispatcher,
     forward,
@@ -362,8 +361,7 @@ def outgoing_body(raw: bytearray, found: Identified, plan: FilterPlan) -> Body:
         return json.dumps(filtered, ensure_ascii=False, separators=(",", ":")).encode()
     if plan.model is not None and found.model_span is not None and plan.model != found.model:
         span = found.model_span
-        view = memoryview(raw)
-        return SplicedBody((view[: span.start], encode_form_value(found, plan.model), view[span.end :]))
+        return b"".join((raw[: span.start], encode_form_value(found, plan.model), raw[span.end :]))
     return raw
 
 

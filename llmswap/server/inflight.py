@@ -21,7 +21,6 @@ from typing import Any
 from aiohttp import web
 
 from llmswap.activity.captures import redacted
-from llmswap.router.types import Holder
 from llmswap.server.middleware import note_first_byte
 from llmswap.server.state import ServerState
 
@@ -50,11 +49,10 @@ class InflightEntry:
     request_headers: Mapping[str, str]
     response_headers: Mapping[str, str] | None = None
     resp_bytes: int = 0
-    # For `cancel`: the task serving the request, the response once it went out, and whether it was cancelled.
-    task: Holder | None = None
+    # For `cut`: the task serving the request, the response once it went out, and why llmswap ended it.
+    task: asyncio.Task[Any] | None = None
     response: web.StreamResponse | None = None
-    cancelled: bool = False
-    label: str | None = None  # the id main's list shows a worker's request under, once cancelled from there
+    cut: Cut | None = None
     # While in flight: the request, read for the client's address only when the entry is shown; once let
     # go, the socket's address it had (the headers' addresses are in `request_headers`).
     request: web.BaseRequest | None = None
@@ -103,9 +101,9 @@ class InflightTracker:
             listener(operation, entry)
 
     def open(self, request: web.Request, model: str, path: str | None = None,
-             task: Holder | None = None) -> InflightEntry:
+             task: asyncio.Task[Any] | None = None) -> InflightEntry:
         """Add an entry for `request` (routed to `model`; `path` as shown, default the request's), served by
-        `task` (default: the current one; a worker's request: what stands for it); `close` it when the
+        `task` (default: the current one); `close` it when the
         request ends."""
         entry = InflightEntry(
             str(next(self._ids)), self.wall_clock(), self.monotonic(), model,
@@ -137,15 +135,42 @@ class InflightTracker:
                 self._tell("upsert", entry)
 
     def cancel(self, entry_id: str) -> bool:
-        """End the request `entry_id`: its serving task is cancelled, and the code that serves it (see
-        `llmswap.server.cancel`) gives the client a clean end. False when no such request is in flight."""
+        """End the request `entry_id` (`POST /api/inflight/{id}/cancel`); False when no such request is in
+        flight."""
         entry = self._entries.get(entry_id)
-        if entry is None or entry.task is None or entry.task.done():
+        return entry is not None and self.cut(entry, Cut(CANCELLED_STATUS, cancelled_message(entry_id),
+                                                         "cancelled"))
+
+    def cut_all(self, cut: Cut) -> int:
+        """End every request in flight for the same reason (the end of a shutdown's grace); how many."""
+        return sum(self.cut(entry, cut) for entry in list(self._entries.values()))
+
+    def cut(self, entry: InflightEntry, cut: Cut) -> bool:
+        """End `entry`'s request: its serving task is cancelled, and the code that serves it (see
+        `llmswap.server.cancel`) gives the client a clean end that says why. False when it already ended."""
+        if entry.task is None or entry.task.done():
             return False
-        if not entry.cancelled:
-            entry.cancelled = True
+        if entry.cut is None:
+            entry.cut = cut
             entry.task.cancel()
         return True
+
+
+CANCELLED_STATUS = 502  # what llama-swap's activity shows for a cancelled request; the body says why
+
+
+def cancelled_message(entry_id: str) -> str:
+    return f"the request was cancelled through /api/inflight/{entry_id}/cancel"
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Why llmswap itself ended a request in flight: what its client, its activity row and the access log
+    are told."""
+
+    status: int  # the error's status (the response's, when nothing was sent yet)
+    message: str
+    reason: str  # one word for the access log's `cut=`: "cancelled", "shutdown"
 
 
 def tracker_of(server_state: ServerState) -> InflightTracker:

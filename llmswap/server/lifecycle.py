@@ -5,7 +5,9 @@
     run     SIGHUP, or a changed file under --watch-config, reloads the config (`llmswap.server.reload`):
             every source again, the --config-dir's files as they are now
     stop    SIGINT/SIGTERM: stop accepting, let the responses in flight finish for a grace period
-            (then cut them), stop every upstream, exit 0. A second signal cuts everything at once.
+            (`--shutdown-grace`, 10 s), then end those still running with an error in the client's
+            dialect, stop every upstream, exit 0 within the grace plus 2 s. A second signal cuts
+            everything at once.
 
 The upstreams also die with us if we are killed outright: each child has a parent-death signal
 (`llmswap.process.child`).
@@ -34,12 +36,11 @@ from llmswap.router import build_router
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.server.app import create_app
 from llmswap.server.connections import DescriptorWarnings, Runner, raise_open_file_limit
-from llmswap.server.front import FrontSite
 from llmswap.server.guard import is_loopback_listener
+from llmswap.server.inflight import Cut, tracker_of
 from llmswap.server.logsetup import configure_logging
 from llmswap.server.reload import WATCH_INTERVAL, ConfigWatcher, ReloadOutcome, reload_from_sources
 from llmswap.server.state import ServerState
-from llmswap.server.workers import Workers, worker_argv, workers_unavailable
 
 log = logging.getLogger("llmswap.server")
 
@@ -48,6 +49,9 @@ DEFAULT_PORT = 8080
 SHUTDOWN_GRACE = 10.0  # seconds responses in flight get to finish once a stop is asked for
 UPSTREAM_STOP_GRACE = 5.0  # seconds each upstream gets between SIGTERM and SIGKILL at shutdown
 HURRY_GRACE = 1.0  # the same two, after a second signal
+EXIT_MARGIN = 2.0  # seconds past the grace by which llmswap has exited, its upstreams stopped
+CUT_WAIT = 1.0  # seconds the answers cut at the grace's end get to write their ending
+MIN_UPSTREAM_GRACE = 0.2  # the least an upstream gets between SIGTERM and SIGKILL, whatever is left
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,6 @@ class ServeOptions:
     watch_interval: float = WATCH_INTERVAL
     tls_cert_file: Path | None = None  # both set: serve HTTPS
     tls_key_file: Path | None = None
-    workers: int = 0  # --workers: processes beside this one serving the front's fast requests
 
     @property
     def sources(self) -> ConfigSources:
@@ -118,7 +121,6 @@ class Server:
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watcher: ConfigWatcher | None = None
-        self.workers: Workers | None = None
 
     # ------------------------------------------------------------------ start
 
@@ -157,7 +159,7 @@ class Server:
         except OSError as exc:
             await self.state.router.shutdown(HURRY_GRACE)
             raise StartError(f"starting the server failed: {exc}") from None
-        site = FrontSite(self.runner, self.options.host or None, self.options.port, ssl_context=tls)
+        site = web.TCPSite(self.runner, self.options.host or None, self.options.port, ssl_context=tls)
         try:
             await site.start()
         except OSError as exc:
@@ -168,8 +170,6 @@ class Server:
                 f"cannot listen on {where}: {exc.strerror or exc}; "
                 f"is another server using it? choose another address with --listen HOST:PORT"
             ) from None
-        if self.options.workers > 0:
-            await self._start_workers(site, app, tls is not None)
         self.url = _url(self.runner, self.options.host, "https" if tls else "http")
         log.info("llmswap %s listening on %s (%d models, router %s)", __version__, self.url,
                  len(config.models), self.state.router.name)
@@ -177,20 +177,6 @@ class Server:
             self._spawn(preload(self.state, config.preload), "preload")
         if self._watcher is not None:
             self._spawn(self._watcher.watch(self.reload_soon), "config-watcher")
-
-    async def _start_workers(self, site: FrontSite, app: web.Application, tls: bool) -> None:
-        reason = workers_unavailable(tls)
-        if reason is not None:
-            log.warning("--workers %d ignored: %s; this process serves alone", self.options.workers, reason)
-            return
-        assert site.front is not None
-        options = self.options
-        self.workers = Workers(self.state, app, site.front, options.workers,
-                               worker_argv(options.config_path, options.config_dir, options.host,
-                                           options.log_level),
-                               options.shutdown_grace)
-        await self.workers.start()
-        log.info("%d worker processes serve fast requests beside this one", options.workers)
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(work, name=name)
@@ -230,8 +216,6 @@ class Server:
             wanted = [m for m in self.state.config.preload if m in outcome.to_preload]
             if wanted:
                 self._spawn(preload(self.state, wanted), "preload")
-            if self.workers is not None:  # they read the config at start: new ones read the new one
-                self._spawn(self.workers.restart(), "workers-restart")
         return outcome
 
     async def run(self) -> int:
@@ -241,33 +225,51 @@ class Server:
         return 0
 
     async def stop(self) -> None:
+        """Stop accepting, let the answers in flight finish within the grace, then give those still running
+        a clean end (`_cut_in_flight`), stop every upstream, and be done within the grace plus
+        `EXIT_MARGIN`. A second signal cuts at once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.shutdown_grace + EXIT_MARGIN
         self._stopping = True
         if self.runner is not None:
             self.runner.begin_stop()  # every response from now on says Connection: close
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        # Workers get the same grace as this process's answers, their leases ending here as they finish.
-        workers = asyncio.ensure_future(self.workers.stop()) if self.workers is not None else None
-        router_grace = UPSTREAM_STOP_GRACE
         if self.runner is not None:
-            # Stops accepting, closes idle connections, waits up to the grace for handlers, cancels the rest.
+            # Stops accepting, closes idle connections and waits for the handlers (aiohttp would wait
+            # for them twice over before cancelling: the cut below comes first).
             cleanup = asyncio.ensure_future(self.runner.cleanup())
             hurry = asyncio.ensure_future(self._hurry.wait())
-            await asyncio.wait({cleanup, hurry}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({cleanup, hurry}, timeout=self.options.shutdown_grace,
+                               return_when=asyncio.FIRST_COMPLETED)
             if not cleanup.done():
-                router_grace = HURRY_GRACE
-                # Killing the upstreams ends their streams, which lets the handlers return at once.
-                await self._shutdown_router(router_grace)
+                self._cut_in_flight()
+                if self._hurry.is_set():
+                    await self._shutdown_router(HURRY_GRACE)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(cleanup, HURRY_GRACE)
+                    await asyncio.wait_for(asyncio.shield(cleanup), CUT_WAIT)
             hurry.cancel()
-            if cleanup.done() and not cleanup.cancelled() and cleanup.exception() is not None:
+            if not cleanup.done():
+                log.warning("shutdown: connections still open after the grace are closed as llmswap exits")
+                cleanup.cancel()
+            elif not cleanup.cancelled() and cleanup.exception() is not None:
                 log.error("shutdown: closing the HTTP server failed: %r", cleanup.exception())
-        if workers is not None:
-            await workers
-        await self._shutdown_router(HURRY_GRACE if self._hurry.is_set() else router_grace)
+        left = deadline - loop.time() - CUT_WAIT
+        grace = max(MIN_UPSTREAM_GRACE, min(UPSTREAM_STOP_GRACE, left))
+        await self._shutdown_router(HURRY_GRACE if self._hurry.is_set() else grace)
         log.info("llmswap stopped")
+
+    def _cut_in_flight(self) -> None:
+        """End every request still in flight as llmswap's own cut: an error in the client's dialect (an
+        error event and the stream's end, or an error body), recorded as cut by the shutdown."""
+        why = ("a second signal" if self._hurry.is_set()
+               else f"the end of the {self.options.shutdown_grace:g}s shutdown grace")
+        cut = Cut(503, f"llmswap is shutting down: the answer was cut at {why}", "shutdown")
+        count = tracker_of(self.state).cut_all(cut)
+        if count:
+            log.warning("shutdown: cut %d request%s still in flight at %s", count, "" if count == 1 else "s",
+                        why)
 
     async def _shutdown_router(self, grace: float) -> None:
         router = self.state.router

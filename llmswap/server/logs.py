@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 from aiohttp import web
 
@@ -105,7 +105,8 @@ async def stream(request: web.Request) -> web.StreamResponse:
             live.discard(subscription)
 
 
-async def _tail(request: web.Request, subscriptions: Sequence[LogSubscription]) -> AsyncIterator[str]:
+async def _tail(request: web.Request, subscriptions: Sequence[LogSubscription]
+                ) -> AsyncGenerator[str, None]:
     """New lines from every subscription, in arrival order, until all are closed or the client leaves.
 
     aiohttp does not cancel a handler whose client left, so a quiet stream looks at the connection
@@ -146,5 +147,6 @@ def _client_left(request: web.Request) -> bool:
 
 
 async def _end_live_tails(app: web.Application) -> None:
-    for subscription in list(app[LIVE_TAILS]):
+    tails = app[LIVE_TAILS]
+    for subscription in list(tails):
         subscription.close()

@@ -147,7 +147,7 @@ def deliver_line(logger: logging.Logger, level: int, line: str) -> None:
     filters, the proxy's format), the line is formatted once and handed to them as text, no record made;
     otherwise (someone's own handler, filter or record factory) a record goes through logging as usual."""
     if logging.getLogRecordFactory() is not logging.LogRecord:  # someone's own records: theirs to make
-        logger.handle(logger.makeRecord(logger.name, level, __file__, 0, line, None, None))
+        logger.handle(logger.makeRecord(logger.name, level, __file__, 0, line, (), None))
         return
     handlers = _own_handlers(logger, level)
     if handlers is None:
@@ -185,7 +185,7 @@ def _own_handlers(logger: logging.Logger, level: int) -> list[_Installed] | None
                 reached.append(handler)
         if not current.propagate:
             break
-        current = current.parent  # type: ignore[assignment]
+        current = current.parent
     return reached or None  # none at all: logging's last resort decides
 
 
@@ -223,7 +223,7 @@ class _Installed(logging.Handler):
         raise NotImplementedError
 
 
-class _Stream(logging.StreamHandler, _Installed):  # type: ignore[type-arg]
+class _Stream(logging.StreamHandler, _Installed):
     """stdout. Lines logged on a running event loop are written together once the loop's current pass ends:
     one write for a burst of access lines instead of a write (a system call, stdout is often unbuffered) per
     request. Lines logged off the loop (start, stop, other threads) are written at once, after any held."""

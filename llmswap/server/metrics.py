@@ -317,7 +317,7 @@ def setup(app: web.Application) -> None:
 
 
 async def scrape(request: web.Request) -> web.Response:
-    await recorder_of(request.app[STATE]).settled()  # worker processes' rows and answers first
+    recorder_of(request.app[STATE]).settle()
     body = metrics_of(request.app[STATE]).exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

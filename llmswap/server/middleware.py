@@ -43,6 +43,7 @@ class AccessRecord:
     first_byte: float | None = None  # seconds from arrival to the first byte of the upstream's answer sent
     load: float | None = None  # seconds of `waited` its model spent loading (the rest was queueing)
     answering: bool = False  # the answer's status line went out: no other response can follow
+    cut: str = ""  # why llmswap ended the request itself ("cancelled", "shutdown"), if it did
 
     def loaded(self, seconds: float) -> None:
         """The router's `on_granted`: of the request's wait, its model spent `seconds` loading."""
@@ -50,8 +51,8 @@ class AccessRecord:
 
 
 class Answered(NamedTuple):
-    """What the request observers learn about one answered request: the same whichever front served it
-    (aiohttp here, or a raw one), so observers never see a framework's request object.
+    """What the request observers learn about one answered request, so observers never see a framework's
+    request object.
 
     A NamedTuple: as immutable as a frozen dataclass (every observer sees the same facts), for a third of
     a frozen dataclass's making (one is made for every request)."""
@@ -66,6 +67,7 @@ class Answered(NamedTuple):
     waited: float | None = None  # see AccessRecord
     load: float | None = None
     first_byte: float | None = None
+    cut: str = ""  # see AccessRecord
 
 
 UNMATCHED_ROUTE = "unmatched"
@@ -108,6 +110,13 @@ def note_answering(request: web.BaseRequest) -> None:
         record.answering = True
 
 
+def note_cut(request: web.BaseRequest, reason: str) -> None:
+    """Record that llmswap ended the request itself, and why (the access line's `cut=`)."""
+    record = request.get(ACCESS)
+    if isinstance(record, AccessRecord):
+        record.cut = reason
+
+
 def answering(request: web.BaseRequest) -> bool:
     record = request.get(ACCESS)
     return isinstance(record, AccessRecord) and record.answering
@@ -129,6 +138,8 @@ class Timings(Protocol):
     def load(self) -> float | None: ...
     @property
     def first_byte(self) -> float | None: ...
+    @property
+    def cut(self) -> str: ...
 
 
 def access_line(remote: str | None, method: str, path: str, status: int, seconds: float, model: str,
@@ -137,7 +148,7 @@ def access_line(remote: str | None, method: str, path: str, status: int, seconds
 
     A request that waited for a model also says where its time went (OC-CORE-1040): `queue` (waiting
     for its turn), `load` (its model loading), `ttfb` (arrival to the first byte sent) and `decode`
-    (first byte to the end of the answer)."""
+    (first byte to the end of the answer). A request llmswap ended itself says why: `cut=shutdown`."""
     outcome = "client gone" if status == CLIENT_GONE else status
     line = f'{remote or "-"} "{method} {path}" {outcome} {seconds * 1000:.1f}ms'
     if model:
@@ -151,12 +162,14 @@ def access_line(remote: str | None, method: str, path: str, status: int, seconds
         if first_byte is not None:
             decode = seconds - first_byte
             line += f" ttfb={first_byte * 1000:.1f}ms decode={(decode if decode > 0.0 else 0.0) * 1000:.1f}ms"
+    if record is not None and record.cut:
+        line += f" cut={record.cut}"
     return line
 
 
 def report(answered: Answered, observers: Sequence[RequestObserver]) -> None:
     """Write the access line of an answered request (formatted only when the access log takes INFO) and
-    tell the observers: what every front calls once per request."""
+    tell the observers."""
     if access_logger.isEnabledFor(logging.INFO):
         line = access_line(answered.remote, answered.method, answered.path, answered.status,
                            answered.seconds, answered.model, answered)
@@ -212,14 +225,16 @@ async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
         status = 500  # shaping the error failed too: aiohttp answers it
         raise
     finally:
+        observers: list[RequestObserver] = request.app.get(REQUEST_OBSERVERS, [])
         report(Answered(request.method, request.path, route_label(request), request.remote, record.model,
-                        status, time.monotonic() - started, record.waited, record.load, record.first_byte),
-               request.app.get(REQUEST_OBSERVERS, ()))
+                        status, time.monotonic() - started, record.waited, record.load, record.first_byte,
+                        record.cut),
+               observers)
 
 
 def route_label(request: web.BaseRequest) -> str:
     """The route's pattern, so paths with ids in them do not each become a series of their own."""
-    route = getattr(request.match_info, "route", None)
+    route = getattr(getattr(request, "match_info", None), "route", None)
     resource = route.resource if route is not None else None
     return resource.canonical if resource is not None else UNMATCHED_ROUTE
 

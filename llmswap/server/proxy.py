@@ -18,7 +18,7 @@ from yarl import URL
 
 from llmswap.activity.recording import Recording
 from llmswap.dispatch import Dispatcher, UpstreamPool
-from llmswap.dispatch.pool import Body, SplicedBody, Upstream, UpstreamResponse, send
+from llmswap.dispatch.pool import Body, Upstream, UpstreamResponse, send
 from llmswap.server.errors import error_body, error_response
 from llmswap.server.inflight import note_relayed
 from llmswap.server.middleware import note_answering
@@ -190,7 +190,7 @@ async def forward(
     if body is None:
         body = await request.read() if request.body_exists else None
     if recording is not None and recording.wants_request_body and body is not None:
-        recording.request_body(b"".join(body.parts) if isinstance(body, SplicedBody) else body)
+        recording.request_body(body)
     url = upstream_url(base_url, path, request.rel_url.raw_query_string if query is None else query)
     try:
         sending = send(upstream, request.method, url, headers, body, response_header_timeout)

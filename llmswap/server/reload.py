@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmswap.config import Config, ConfigError, ConfigSources
-from llmswap.router.handover import Handover, adoptable, successor_router
+from llmswap.router.handover import adoptable, successor_router
 from llmswap.server.state import ServerState
 
 log = logging.getLogger("llmswap.reload")
@@ -42,7 +42,6 @@ class ReloadOutcome:
     changed: tuple[str, ...] = ()  # their old process was stopped; the new one starts on demand
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
-    handover: Handover | None = None
 
     @property
     def to_preload(self) -> tuple[str, ...]:
@@ -85,7 +84,6 @@ def apply_config(state: ServerState, config: Config) -> ReloadOutcome:
         changed=tuple(sorted(m for m in config.models if m in old.config.models and m not in kept)),
         added=tuple(sorted(m for m in config.models if m not in old.config.models)),
         removed=tuple(sorted(m for m in old.config.models if m not in config.models)),
-        handover=new.handover_in,
     )
     log.info("config reload: applied (unchanged %s, restarted %s, added %s, removed %s)",
              _names(outcome.kept), _names(outcome.changed), _names(outcome.added), _names(outcome.removed))

@@ -127,8 +127,9 @@ class Batches:
                                     "input_file_id")
         lines, errors = parse_input(content, endpoint)
         expires_at = store.now_seconds() + WINDOW_SECONDS[completion_window]
-        common = dict(endpoint=endpoint, input_file_id=input_file_id, completion_window=completion_window,
-                      expires_at=expires_at, metadata=metadata, owner=owner)
+        common: dict[str, Any] = dict(endpoint=endpoint, input_file_id=input_file_id,
+                                      completion_window=completion_window, expires_at=expires_at,
+                                      metadata=metadata, owner=owner)
         if errors:
             failed = store.add_batch(self.db, **common, total=0, status="failed",
                                      errors={"object": "list", "data": [e.as_openai() for e in errors]})

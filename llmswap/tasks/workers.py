@@ -23,11 +23,11 @@ class BatchWorker(threading.Thread):
     def __init__(self, task_type: str, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(name=f"{BATCH_THREAD_PREFIX}{task_type}", daemon=True)
         self._loop = loop
-        self._inbox: queue.SimpleQueue[tuple[Callable[[], None], asyncio.Future[None]] | None] = (
+        self._inbox: queue.SimpleQueue[tuple[Callable[[], object], asyncio.Future[None]] | None] = (
             queue.SimpleQueue()
         )
 
-    def submit(self, work: Callable[[], None]) -> asyncio.Future[None]:
+    def submit(self, work: Callable[[], object]) -> asyncio.Future[None]:
         """Called on the loop: run `work` here; the future resolves when it is done."""
         done = self._loop.create_future()
         self._inbox.put((work, done))

@@ -12,11 +12,11 @@ def pair(direct: float, proxied: float, *, p50: float = 0.001, errors: int = 0) 
 
 
 def test_one_round_gives_the_plain_figures() -> None:
-    throughput, latency = rows_for(64, [pair(100_000, 8_000)], workers=1)
-    assert throughput.measure == "wrk, 64 connections, llmswap --workers 1: throughput"
+    throughput, latency = rows_for(64, [pair(100_000, 8_000)])
+    assert throughput.measure == "wrk, 64 connections: throughput"
     assert (throughput.baseline, throughput.llmswap) == ("100,000 req/s", "8,000 req/s")
     assert throughput.ratio == "x0.080"
-    assert latency.measure == "wrk, 64 connections, llmswap --workers 1: latency p50 / p99"
+    assert latency.measure == "wrk, 64 connections: latency p50 / p99"
     assert (latency.baseline, latency.llmswap) == ("0.10 ms / 1.00 ms", "1.00 ms / 4.00 ms")
     assert latency.ratio == "+0.90 ms / +3.00 ms"
 
@@ -33,7 +33,7 @@ def test_the_ratio_is_the_median_of_each_rounds_own() -> None:
 def test_llmswap_at_256_connections_is_set_against_its_own_64() -> None:
     at_64 = [pair(100_000, 8_000), pair(100_000, 6_000), pair(100_000, 8_400)]
     at_256 = [pair(90_000, 7_600), pair(90_000, 6_300), pair(90_000, 8_000)]
-    row = more_connections_row(at_64, at_256, workers=1)
-    assert row.measure == "wrk, llmswap at 256 connections against 64, --workers 1, median of 3"
+    row = more_connections_row(at_64, at_256)
+    assert row.measure == "wrk, llmswap at 256 connections against 64, median of 3"
     assert (row.baseline, row.llmswap) == ("8,000 req/s", "7,600 req/s")
     assert row.ratio == "x0.95"  # rounds: 0.95, 1.05, 0.952

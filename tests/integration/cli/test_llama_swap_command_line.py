@@ -228,24 +228,3 @@ async def test_tls_flags_serve_https_with_a_self_signed_certificate(tmp_path: Pa
         with pytest.raises(aiohttp.ClientError):
             async with http.get(f"http://{HOST}:{port}/health") as response:
                 await response.read()
-
-
-async def test_tls_with_workers_serves_alone_and_says_why(tmp_path: Path) -> None:
-    cert, key = self_signed(tmp_path)
-    config = write_models(tmp_path / "config.yaml", {"m": demo_model("m")})
-    port = free_port()
-    argv = ("-config", str(config), "-listen", f"{HOST}:{port}", "-tls-cert-file", str(cert),
-            "-tls-key-file", str(key), "--workers", "1")
-    trusted = ssl.create_default_context(cafile=str(cert))
-    async with (
-        running_llmswap(None, *argv, port=port, healthy=False) as server,
-        aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=trusted)) as http,
-    ):
-        await server.wait_for_output("listening on", within=WITHIN)
-        assert any("--workers 1 ignored: a TLS connection cannot move between processes (--tls-cert-file is "
-                   "given); this process serves alone" in line for line in server.stdout_lines)
-        base = f"https://{HOST}:{port}"
-        async with http.get(f"{base}/api/workers") as response:
-            assert (await response.json())["workers"] == []
-        async with http.post(f"{base}/v1/chat/completions", json=chat("m")) as response:
-            assert response.status == 200, await response.text()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
+import time
 from pathlib import Path
 
 import aiohttp
@@ -179,3 +181,40 @@ async def test_log_to_stdout_none_keeps_stdout_quiet_but_logs_are_served(tmp_pat
         assert "listening on" in text
         assert await stop_with(server) == 0
         assert server.stdout_lines == []
+
+
+async def test_at_the_grace_deadline_answers_still_running_end_with_an_error_and_llmswap_exits(
+    tmp_path: Path,
+) -> None:
+    # 2 tokens a second for 200 tokens: both answers would run for 100 s, far past a 1 s grace.
+    config = write_config(tmp_path / "config.yaml", {"slow": demo_model("slow", "--tokens-per-second", "2")})
+    async with running_llmswap(config, "--shutdown-grace", "1") as server, aiohttp.ClientSession() as http:
+        url = f"{server.url}/v1/chat/completions"
+        async with http.post(url, json=chat("slow", stream=True, max_tokens=200)) as stream:
+            first = await stream.content.readline()
+            whole = asyncio.ensure_future(http.post(url, json=chat("slow", max_tokens=200)))
+
+            async def both_in_flight() -> bool:
+                async with http.get(f"{server.url}/api/inflight") as listing:
+                    return len((await listing.json())["requests"]) == 2
+
+            await eventually(both_in_flight, what="the stream and the whole answer in flight")
+            upstream = server.upstreams()["slow"]
+            signalled = time.monotonic()
+            server.send_signal(signal.SIGINT)
+            rest = await stream.read()
+        answer = await whole
+        body = await answer.json()
+        answer.close()
+        code = await server.wait_exit(WITHIN)
+        took = time.monotonic() - signalled
+    events = parse_events((first + rest).decode())
+    assert events[-1].data == "[DONE]"
+    error = events[-2].json()["error"]
+    assert "shutting down" in error["message"] and "1s shutdown grace" in error["message"]
+    assert (answer.status, body["error"]["message"]) == (503, error["message"])
+    assert code == 0 and not alive(upstream)
+    assert took < 100 / 4  # the answers' own length was 100 s: they were cut, not waited for
+    cut_lines = [line for line in server.stdout_lines if "cut=shutdown" in line]
+    assert len(cut_lines) == 2, server.output()
+    assert any("cut 2 requests still in flight" in line for line in server.stdout_lines)

@@ -24,7 +24,6 @@ from llmswap.config.model import Config
 from llmswap.router import BaseRouter, ProcessFactory, build_router
 from llmswap.server.app import create_app
 from llmswap.server.connections import Runner
-from llmswap.server.front import FrontSite
 from llmswap.server.state import ServerState
 from tests.helpers.wait import eventually
 
@@ -94,7 +93,7 @@ async def serving(
         runner = Runner(app, header_timeout=lambda: server_state.config.client_header_timeout,
                         shutdown_timeout=SHUTDOWN_GRACE)
         await runner.setup()
-        site = FrontSite(runner, HOST, 0)
+        site = web.TCPSite(runner, HOST, 0)
         await site.start()
         port = _bound_port(runner)
         yield Served(url=f"http://{HOST}:{port}", state=server_state, app=app, runner=runner)

@@ -268,23 +268,6 @@ async def test_finish_soon_keeps_rows_in_batches_and_settle_keeps_the_rest_first
     assert len(rows(recorder)) == 3 + SETTLE_BATCH  # a full batch is kept at once
 
 
-async def test_settled_waits_for_rows_recorded_elsewhere_then_keeps_its_own():
-    # A worker process's rows arrive when its source is awaited (main asks the worker, the rows come first).
-    recorder = ActivityRecorder()
-    elsewhere = ActivityRecorder()
-    answered(elsewhere, 9).finish()
-
-    async def worker_rows() -> None:
-        await asyncio.sleep(0)  # the round trip
-        for row in rows(elsewhere):
-            recorder.keep(row._replace(id=recorder.next_id()), None)
-
-    recorder.remote.append(worker_rows)
-    answered(recorder, 4).finish_soon()
-    await recorder.settled()
-    assert sorted(r.tokens.input_tokens for r in rows(recorder)) == [4, 9]
-
-
 async def test_a_recording_finished_soon_is_kept_without_a_reader():
     recorder = ActivityRecorder()
     recording = answered(recorder, 7)

@@ -6,8 +6,10 @@ import asyncio
 import json
 import threading
 from dataclasses import dataclass
+from unittest import mock
 
 from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from llmswap.config.model import Capabilities, Config, ModelConfig, PeerConfig
@@ -19,11 +21,19 @@ from llmswap.server import event_feed
 from llmswap.server.event_feed import EventFeed
 from llmswap.server.event_payloads import model_status
 from llmswap.server.eventbus import Event, EventBus, Mark, Subscription
-from llmswap.server.front.request import FrontRequest
 from llmswap.server.inflight import InflightTracker, note_relayed, redacted
 from llmswap.server.state import ServerState
 from tests.helpers.fake_process import FakeScript, fake_factory
 from tests.helpers.wait import eventually
+
+
+def client_request(method: str, path: str, headers: CIMultiDictProxy[str], peer: str,
+                   app: web.Application) -> web.Request:
+    """A request as aiohttp makes it for a client at `peer` (no connection behind it)."""
+    transport = mock.Mock()
+    transport.get_extra_info.side_effect = lambda name, default=None: (
+        (peer, 40000) if name == "peername" else default)
+    return make_mocked_request(method, path, headers=headers, app=app, transport=transport)
 
 
 def model(model_id: str, **fields) -> ModelConfig:
@@ -302,14 +312,14 @@ async def test_a_stream_gets_progress_of_a_request_begun_before_it_opened_only_o
     _, feed = feed_for(model("a"))
     app = web.Application()
     headers = CIMultiDictProxy(CIMultiDict({"X-Real-IP": "203.0.113.7"}))
-    request = FrontRequest("POST", "/v1/chat/completions", headers, "127.0.0.1", app, None, True)
-    entry = feed.inflight.open(request, "a")  # type: ignore[arg-type]
-    note_relayed(request, 100)  # type: ignore[arg-type]
+    request = client_request("POST", "/v1/chat/completions", headers, "127.0.0.1", app)
+    entry = feed.inflight.open(request, "a")
+    note_relayed(request, 100)
     listener = feed.subscribe()
     assert [r["resp_bytes"] for r in feed.inflight_snapshot()["requests"]] == [100]
     feed.check_progress()
     assert drain(listener) == []  # the opening snapshot said 100 already
-    note_relayed(request, 50)  # type: ignore[arg-type]
+    note_relayed(request, 50)
     feed.check_progress()
     feed.inflight.close(entry)
     upsert, remove = of_type(drain(listener), "inflight")
@@ -317,7 +327,7 @@ async def test_a_stream_gets_progress_of_a_request_begun_before_it_opened_only_o
         "upsert", 150, "203.0.113.7")
     assert remove == {"operation": "remove", "id": entry.id}
     listener.close()
-    later = feed.inflight.open(request, "a")  # type: ignore[arg-type]
+    later = feed.inflight.open(request, "a")
     feed.inflight.close(later)
     assert drain(feed.subscribe()) == []  # what happened while nobody listened is not replayed
     await feed.close()
@@ -328,8 +338,8 @@ def test_a_closed_inflight_entry_still_shows_the_client_address_it_had():
     tracker = InflightTracker()
     for headers, expected in (({"X-Forwarded-For": "198.51.100.1, 10.0.0.1"}, "198.51.100.1"),
                               ({"X-Real-IP": " 203.0.113.7 "}, "203.0.113.7"), ({}, "192.0.2.5")):
-        request = FrontRequest("POST", "/v1/embeddings", CIMultiDictProxy(CIMultiDict(headers)), "192.0.2.5",
-                               app, None, True)
+        request = client_request("POST", "/v1/embeddings", CIMultiDictProxy(CIMultiDict(headers)),
+                                 "192.0.2.5", app)
         entry = tracker.open(request, "a", task=object())  # type: ignore[arg-type]
         shown_open = entry.as_dict(0.0)["remote_ip"]
         tracker.close(entry)

@@ -1,6 +1,6 @@
-"""A real `llmswap` process stopping while the front serves a request itself: the answer finishes within
-the grace, says `Connection: close`, the connection closes after it, and a front connection that was idle
-is closed at once."""
+"""A real `llmswap` process stopping while it serves a keep-alive connection: the answer finishes within the
+grace, says `Connection: close`, the connection closes after it, and a connection that was idle is closed
+at once."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ async def test_a_fast_answer_in_flight_at_sigterm_finishes_and_closes_its_connec
         idle_reader, idle_writer = await asyncio.open_connection(HOST, server.port)
         reader, writer = await asyncio.open_connection(HOST, server.port)
         try:
-            idle_writer.write(fast_chat(1))  # answered on the front, then the connection stays open, idle
+            idle_writer.write(fast_chat(1))  # answered, then the connection stays open, idle
             head, _ = await read_answer(idle_reader)
             assert head.startswith(b"HTTP/1.1 200") and b"connection: close" not in head.lower()
             writer.write(fast_chat(10))  # 10 tokens at 5 per second
