@@ -20,23 +20,19 @@ from llmswap.activity.store import open_store
 from llmswap.config.model import ApiKey, Config
 from llmswap.router.base import BaseRouter
 from llmswap.server.errors import error_response
+from llmswap.server.event_feed import EventFeed
 from llmswap.server.eventbus import Event
 from llmswap.server.middleware import CLIENT_GONE
-from llmswap.server.state import API_KEY, STATE, ServerState, state
+from llmswap.server.state import API_KEY, STATE, state
 
 log = logging.getLogger("llmswap.activity")
 
-ACTIVITY_KEY = "activity"  # ServerState.extras key of the app's ActivityRecorder
+RECORDER: web.AppKey[ActivityRecorder] = web.AppKey("llmswap_recorder", ActivityRecorder)
 
 
 def settings_of(config: Config) -> ActivitySettings:
     wanted = config.activity
     return ActivitySettings(max_in_memory=wanted.max_in_memory, capture_mb=wanted.capture_mb)
-
-
-def recorder_of(server_state: ServerState) -> ActivityRecorder:
-    return server_state.extra(ACTIVITY_KEY, ActivityRecorder,
-                              lambda: ActivityRecorder(settings_of(server_state.config)))
 
 
 def key_name(request: web.Request) -> str:
@@ -61,10 +57,7 @@ def begin_http(request: web.Request, *, model: str, requested: str, req_path: st
     name = "" if key is None else _key_name(server_state.config.api_keys, key)
     # positional (cheaper): model, req_path, requested_model, origin, key_name, method, request_headers
     facts = RequestFacts(model, req_path, requested, "http", name, request.method, request.headers)
-    recorder = server_state.extras.get(ACTIVITY_KEY)
-    if type(recorder) is not ActivityRecorder:
-        recorder = recorder_of(server_state)
-    return recorder.begin(facts)
+    return request.app[RECORDER].begin(facts)
 
 
 def finish_http(recording: Recording, response: web.StreamResponse | None) -> None:
@@ -93,7 +86,7 @@ async def activity(request: web.Request) -> web.Response:
         query = parse_query({name: request.query.getall(name) for name in request.query})
     except QueryError as exc:
         return error_response(request, 400, str(exc))
-    recorder = recorder_of(state(request))
+    recorder = request.app[RECORDER]
     recorder.settle()
     try:
         page = await recorder.log.page(query)
@@ -105,7 +98,7 @@ async def activity(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     model = request.query.get("model", "").strip() or None
-    recorder = recorder_of(state(request))
+    recorder = request.app[RECORDER]
     recorder.settle()
     try:
         body = await recorder.log.stats(model)
@@ -120,7 +113,7 @@ async def capture(request: web.Request) -> web.Response:
         activity_id = int(request.match_info["id"])
     except ValueError:
         return error_response(request, 400, "invalid capture ID")
-    recorder = recorder_of(state(request))
+    recorder = request.app[RECORDER]
     recorder.settle()
     found = recorder.captures.get(activity_id)
     if found is None:
@@ -133,7 +126,7 @@ async def capture(request: web.Request) -> web.Response:
 
 def setup(app: web.Application) -> None:
     server_state = app[STATE]
-    recorder = recorder_of(server_state)
+    recorder = app[RECORDER]
 
     def follow(router: BaseRouter) -> None:
         recorder.configure(settings_of(router.config))
@@ -146,17 +139,14 @@ def setup(app: web.Application) -> None:
     app.on_cleanup.append(_close_store)
 
 
-def publish_to(server_state: ServerState) -> None:
-    """Send `activity {id}` on /api/events after each stored row (called once the feed exists)."""
-    from llmswap.server.events import feed_of
-
-    feed = feed_of(server_state)
+def publish_to(recorder: ActivityRecorder, feed: EventFeed) -> None:
+    """Send `activity {id}` on /api/events after each stored row."""
 
     def on_row(record: ActivityRecord) -> None:
         if feed.bus.subscribers:
             feed.bus.publish(Event("activity", {"id": record.id}))
 
-    recorder_of(server_state).listeners.append(on_row)
+    recorder.listeners.append(on_row)
 
 
 async def _open_store(app: web.Application) -> None:
@@ -164,11 +154,11 @@ async def _open_store(app: web.Application) -> None:
     activity_config = server_state.config.activity
     if activity_config.store_path is None:
         return
-    recorder = recorder_of(server_state)
+    recorder = app[RECORDER]
     store = await open_store(activity_config.store_path, activity_config.store_retention)
     if store is not None:
         recorder.use_log(store, first_id=store.next_id)
 
 
 async def _close_store(app: web.Application) -> None:
-    await recorder_of(app[STATE]).close()
+    await app[RECORDER].close()

@@ -16,13 +16,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import Histogram
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from llmswap.activity.record import ActivityRecord
-from llmswap.server.activity_api import recorder_of
-from llmswap.server.metrics import metrics_of
-from llmswap.server.state import ServerState
+from llmswap.activity.recorder import ActivityRecorder
 
 KINDS = ("input", "output", "cached", "drafted", "accepted")
 HELP = "Tokens reported by upstream answers, by model and kind"
@@ -30,9 +28,8 @@ SPEED_BUCKETS = (1, 2.5, 5, 10, 20, 30, 50, 75, 100, 150, 250, 500, 1000, 2500, 
 
 
 class TokenMetrics:
-    def __init__(self, server_state: ServerState) -> None:
-        registry = metrics_of(server_state).registry
-        self.recorder = recorder_of(server_state)
+    def __init__(self, registry: CollectorRegistry, recorder: ActivityRecorder) -> None:
+        self.recorder = recorder
         # model → [input, output, cached, drafted, accepted] (the order of KINDS), and when it was first seen
         self.counts: dict[str, list[int]] = {}
         self.created: dict[str, float] = {}
@@ -89,7 +86,8 @@ class _TokenCounts:
         yield family
 
 
-def setup(server_state: ServerState) -> TokenMetrics:
-    token_metrics = TokenMetrics(server_state)
-    recorder_of(server_state).listeners.append(token_metrics.on_record)
+def setup(registry: CollectorRegistry, recorder: ActivityRecorder) -> TokenMetrics:
+    """Count the tokens of every row `recorder` keeps into `registry`."""
+    token_metrics = TokenMetrics(registry, recorder)
+    recorder.listeners.append(token_metrics.on_record)
     return token_metrics

@@ -27,7 +27,7 @@ from llmswap.server.connections import cancel_on_hangup
 from llmswap.server.errors import error_response, scheduler_error_response
 from llmswap.server.middleware import note_model
 from llmswap.server.peers import peer_models
-from llmswap.server.profiles import active_profile, pin_records
+from llmswap.server.profiles import PROFILES, pin_records
 from llmswap.server.records import CAPABILITY_KEYS, plain, render_capabilities
 from llmswap.server.selectors import selector_records
 from llmswap.server.state import request_api_key, state
@@ -113,7 +113,7 @@ async def list_models(request: web.Request) -> web.Response:
     records = model_records(server.config, server.router.running_models(), created)
     # Selectors, and the active profile's pins that name nothing else, are listed as llama-swap lists them.
     records += selector_records(server.config, server.router, created)
-    records += pin_records(server.config, active_profile(server).profile, created)
+    records += pin_records(server.config, request.app[PROFILES].active.profile, created)
     records.sort(key=lambda record: record["id"])
     for record in records:
         # Router-specific facts (the vram router's footprint) ride along under llmswap's own key.

@@ -28,7 +28,7 @@ from aiohttp import web
 from llmswap.server.errors import error_response
 from llmswap.server.middleware import too_large_message
 from llmswap.server.state import API_KEY, state
-from llmswap.server.tasks_http import task_service
+from llmswap.server.tasks_http import TASKS
 from llmswap.tasks import batch_store as store
 from llmswap.tasks.batches import BatchRequestError, BatchView
 from llmswap.tasks.service import TaskService
@@ -55,7 +55,7 @@ class _Refused(Exception):
 
 
 def _service(request: web.Request) -> TaskService:
-    service = task_service(state(request))
+    service = request.app[TASKS].enabled()
     if service is None:
         raise _Refused(error_response(
             request, 404, "the Batch API needs the task queue: add a `tasks:` section (with its `db`, which "

@@ -23,10 +23,9 @@ from llmswap.activity.recording import Recording
 from llmswap.server.activity_api import finish_http
 from llmswap.server.connections import cancel_on_hangup
 from llmswap.server.errors import error_response
-from llmswap.server.inflight import Cut, InflightEntry, tracker_of
+from llmswap.server.inflight import INFLIGHT, Cut, InflightEntry
 from llmswap.server.middleware import note_cut
 from llmswap.server.proxy import SseErrorFormatter, is_event_stream, openai_sse_error
-from llmswap.server.state import state
 
 log = logging.getLogger("llmswap.proxy")
 
@@ -50,7 +49,7 @@ async def served(
     turns its own cancel into `Preempted` before it gets here."""
     task = asyncio.current_task()
     cancel_on_hangup(request, task)
-    tracker = tracker_of(state(request))
+    tracker = request.app[INFLIGHT]
     entry = tracker.open(request, model, path, task) if model is not None else None
     response: web.StreamResponse | None = None
     try:
@@ -95,13 +94,13 @@ async def _cut_end(
 
 async def list_route(request: web.Request) -> web.Response:
     """`GET /api/inflight`: the requests in flight now, oldest first (the entries `inflight` events carry)."""
-    tracker = tracker_of(state(request))
+    tracker = request.app[INFLIGHT]
     now = tracker.monotonic()
     return web.json_response({"requests": [entry.as_dict(now) for entry in tracker.entries()]})
 
 
 async def cancel_route(request: web.Request) -> web.Response:
-    if tracker_of(state(request)).cancel(request.match_info["id"]):
+    if request.app[INFLIGHT].cancel(request.match_info["id"]):
         return web.json_response({"msg": "ok"})
     return error_response(request, 404, "inflight request not found")
 

@@ -31,7 +31,7 @@ from llmswap.router.types import RouterEvent
 from llmswap.server import event_payloads as payloads
 from llmswap.server.event_payloads import QueueCounts, SwapRecord
 from llmswap.server.eventbus import MAX_PENDING, Event, EventBus, Subscription
-from llmswap.server.inflight import InflightEntry, tracker_of
+from llmswap.server.inflight import InflightEntry, InflightTracker
 from llmswap.server.state import ServerState
 
 KEEPALIVE_INTERVAL = 15.0  # seconds of silence before a keep-alive comment
@@ -52,6 +52,7 @@ class EventFeed:
     def __init__(
         self,
         server_state: ServerState,
+        inflight: InflightTracker,
         *,
         max_pending: int = MAX_PENDING,
         keepalive: float = KEEPALIVE_INTERVAL,
@@ -79,7 +80,7 @@ class EventFeed:
         # listens).
         self._rings: dict[int, tuple[LogRing, Callable[[str], None]]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None  # the streams' loop, once one subscribed
-        self.inflight = tracker_of(server_state)
+        self.inflight = inflight
         self._follow_log(server_state.proxy_log, "proxy")
 
     # ------------------------------------------------------------------ routers

@@ -19,11 +19,11 @@ from aiohttp import web
 from llmswap.server import inflight
 from llmswap.server.event_feed import EventFeed
 from llmswap.server.eventbus import KEEPALIVE, Event, Mark, Subscription
-from llmswap.server.state import STATE, ServerState
+from llmswap.server.state import STATE
 
 log = logging.getLogger("llmswap.events")
 
-EVENTS_KEY = "events"  # ServerState.extras key of the app's EventFeed
+FEED: web.AppKey[EventFeed] = web.AppKey("llmswap_events", EventFeed)
 CLIENT_CHECK_INTERVAL = 0.5  # how often a quiet stream checks that its client is still there
 HEADERS = {
     "Content-Type": "text/event-stream",
@@ -34,25 +34,20 @@ HEADERS = {
 }
 
 
-def feed_of(server_state: ServerState) -> EventFeed:
-    """The app's feed, created on first use (a test may put its own in `extras` first)."""
-    return server_state.extra(EVENTS_KEY, EventFeed, lambda: EventFeed(server_state))
-
-
 def setup(app: web.Application) -> None:
     inflight.setup(app)
-    feed = feed_of(app[STATE])
+    feed = app[FEED]
     app[STATE].watch_router(feed.watch)
     app.router.add_get("/api/events", stream)
     app.on_shutdown.append(_end_streams)
 
 
 async def _end_streams(app: web.Application) -> None:
-    await feed_of(app[STATE]).close()
+    await app[FEED].close()
 
 
 async def stream(request: web.Request) -> web.StreamResponse:
-    feed = feed_of(request.app[STATE])
+    feed = request.app[FEED]
     subscription = feed.subscribe()
     try:
         # No await between subscribing and building the opening frames: nothing falls between the two.

@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 from aiohttp import hdrs, web
 
 from llmswap.activity.recording import Recording
-from llmswap.config.model import Config, ModelConfig, PeerConfig
+from llmswap.config.model import ModelConfig, PeerConfig
 from llmswap.dispatch.filters import FilterPlan, apply_plan, local_plan, plan_for
 from llmswap.process.state import ProcessState
 from llmswap.router import AcquireOptions, BaseRouter
@@ -30,21 +30,20 @@ from llmswap.server.cancel import served
 from llmswap.server.errors import error_response, scheduler_error_response
 from llmswap.server.loading import LoadingFeedback, StreamDialect, dialect_for
 from llmswap.server.peers import forward_to_peer, resolve_peer
-from llmswap.server.profiles import active_profile
+from llmswap.server.profiles import PROFILES
 from llmswap.server.proxy import (
     CLIENT_CLOSED_REQUEST,
+    DISPATCHER,
     Body,
     close_upstream_pool,
-    dispatcher,
     forward,
 )
 from llmswap.server.resolve import Identified, MalformedRequest, encode_form_value, identify, renamed
-from llmswap.server.selectors import Lease, NoTarget, SelectorBook
+from llmswap.server.selectors import SELECTORS, Lease, NoTarget
 from llmswap.server.state import ServerState, request_api_key, state
 from llmswap.server.watchdog import Watchdog
 
 PRIORITY_HEADER = "X-Priority"
-SELECTORS_KEY = "selectors"  # ServerState.extras key of the current config's SelectorBook
 DEADLINE_HEADER = "X-Deadline-Ms"  # milliseconds after arrival by which the request should be served
 
 
@@ -206,7 +205,7 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
     # Profile pins, then selectors, rename the model where the client put it: what follows (aliases,
     # filters, useModelName, peers, the router) sees the new name as if the client had sent it.
     asked_for = found.model
-    pinned = active_profile(server).pin(found.model) if found.model else None
+    pinned = request.app[PROFILES].active.pin(found.model) if found.model else None
     if pinned is not None:
         found, raw = renamed(found, raw, pinned)
     if not found.model:
@@ -215,7 +214,7 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
     selector = config.selectors.get(found.model)
     if selector is not None:
         try:
-            lease = selector_book(server, config).pick(router, selector)
+            lease = request.app[SELECTORS].book(config).pick(router, selector)
         except NoTarget as exc:
             return error_response(request, 503, str(exc))
         found, raw = renamed(found, raw, lease.target)
@@ -245,15 +244,6 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
         if lease is not None:
             lease.release()
     return error_response(request, 404, "no router for requested model")
-
-
-def selector_book(server: ServerState, config: Config) -> SelectorBook:
-    """The book of `config`'s selectors; a reloaded config starts a new one (counts reset)."""
-    book = server.extras.get(SELECTORS_KEY)
-    if not isinstance(book, SelectorBook) or book.config is not config:
-        book = SelectorBook(config)
-        server.extras[SELECTORS_KEY] = book
-    return book
 
 
 async def _serve_local(
@@ -296,7 +286,7 @@ async def _serve_local(
             on_position=on_position,
             on_granted=on_granted,
         )
-        async with dispatcher(server).lease(model.id, asking, origin="http", router=router) as lease:
+        async with request.app[DISPATCHER].lease(model.id, asking, origin="http", router=router) as lease:
             middleware.note_wait(request, lease.waited)
             recording.waited(max(0.0, lease.waited - load), load or None)
             loading_response = await feedback.finish() if feedback is not None else None

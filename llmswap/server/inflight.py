@@ -22,9 +22,6 @@ from aiohttp import web
 
 from llmswap.activity.captures import redacted
 from llmswap.server.middleware import note_first_byte
-from llmswap.server.state import ServerState
-
-INFLIGHT_KEY = "inflight"  # ServerState.extras key of the app's InflightTracker
 
 
 def remote_ip(request: web.BaseRequest) -> str:
@@ -173,8 +170,7 @@ class Cut:
     reason: str  # one word for the access log's `cut=`: "cancelled", "shutdown"
 
 
-def tracker_of(server_state: ServerState) -> InflightTracker:
-    return server_state.extra(INFLIGHT_KEY, InflightTracker, InflightTracker)
+INFLIGHT: web.AppKey[InflightTracker] = web.AppKey("llmswap_inflight", InflightTracker)
 
 
 def note_relayed(request: web.BaseRequest, size: int) -> None:

@@ -37,9 +37,10 @@ from llmswap.scheduler.errors import SchedulerError
 from llmswap.server.app import create_app
 from llmswap.server.connections import DescriptorWarnings, Runner, raise_open_file_limit
 from llmswap.server.guard import is_loopback_listener
-from llmswap.server.inflight import Cut, tracker_of
+from llmswap.server.inflight import Cut
 from llmswap.server.logsetup import configure_logging
 from llmswap.server.reload import WATCH_INTERVAL, ConfigWatcher, ReloadOutcome, reload_from_sources
+from llmswap.server.services import Services, build_services
 from llmswap.server.state import ServerState
 
 log = logging.getLogger("llmswap.server")
@@ -115,6 +116,7 @@ class Server:
         self.state = ServerState(config=config, router=router, proxy_log=self.proxy_log,
                                  loopback_listener=is_loopback_listener(options.host))
         self.runner: Runner | None = None
+        self.services: Services | None = None  # built at start, inside the running loop
         self.url = ""
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
@@ -149,7 +151,8 @@ class Server:
             # Read before serving: an edit from now on is a change, even one made during startup.
             self._watcher = ConfigWatcher(self.options.sources, self.options.watch_interval)
         self.state.router.start()
-        app = create_app(self.state)
+        self.services = build_services(self.state)
+        app = create_app(self.state, self.services)
         self.runner = Runner(
             app, header_timeout=lambda: self.state.config.client_header_timeout,
             shutdown_timeout=self.options.shutdown_grace,
@@ -266,7 +269,7 @@ class Server:
         why = ("a second signal" if self._hurry.is_set()
                else f"the end of the {self.options.shutdown_grace:g}s shutdown grace")
         cut = Cut(503, f"llmswap is shutting down: the answer was cut at {why}", "shutdown")
-        count = tracker_of(self.state).cut_all(cut)
+        count = self.services.inflight.cut_all(cut) if self.services is not None else 0
         if count:
             log.warning("shutdown: cut %d request%s still in flight at %s", count, "" if count == 1 else "s",
                         why)

@@ -53,15 +53,14 @@ from llmswap.process.events import ProcessEvent
 from llmswap.process.state import ProcessState
 from llmswap.router.base import BaseRouter
 from llmswap.router.types import RouterEvent, RouterStats, SwapFinished
-from llmswap.server.activity_api import recorder_of
+from llmswap.server.activity_api import RECORDER
 from llmswap.server.middleware import REQUEST_OBSERVERS, Answered
 from llmswap.server.request_metrics import RequestMetrics
 from llmswap.server.state import STATE, ServerState
-from llmswap.server.websocket import open_sockets
+from llmswap.server.websocket import OpenSockets
 
 log = logging.getLogger("llmswap.metrics")
 
-METRICS_KEY = "metrics"  # ServerState.extras key of the app's ServerMetrics
 
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
@@ -69,8 +68,10 @@ LOAD_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 class ServerMetrics:
     """The app's registry and the series the request path and the router observers update."""
 
-    def __init__(self, server_state: ServerState, *, reader: MemoryReader | None = None) -> None:
+    def __init__(self, server_state: ServerState, sockets: OpenSockets, *,
+                 reader: MemoryReader | None = None) -> None:
         self.state = server_state
+        self.sockets = sockets
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         # The per-request families first: where the client library's own Counter and Histograms were.
@@ -244,7 +245,7 @@ class RouterCollector:
 
         sockets = GaugeMetricFamily("llmswap_websockets_open", "Websockets being relayed to a model",
                                     labels=("model",))
-        for model, count in sorted(open_sockets(server).per_model().items()):
+        for model, count in sorted(self.metrics.sockets.per_model().items()):
             sockets.add_metric((model,), count)
         yield sockets
 
@@ -303,13 +304,11 @@ def _memory(reader: MemoryReader | None) -> Iterator[Metric]:
 # ---------------------------------------------------------------------------------------------- the app
 
 
-def metrics_of(server_state: ServerState) -> ServerMetrics:
-    """The app's metrics, created on first use (a test may put its own in `extras` first)."""
-    return server_state.extra(METRICS_KEY, ServerMetrics, lambda: ServerMetrics(server_state))
+METRICS: web.AppKey[ServerMetrics] = web.AppKey("llmswap_metrics", ServerMetrics)
 
 
 def setup(app: web.Application) -> None:
-    metrics = metrics_of(app[STATE])
+    metrics = app[METRICS]
     app[STATE].watch_router(metrics.watch)
     app[REQUEST_OBSERVERS].append(metrics.request_series.observe)
     app.router.add_get("/metrics", scrape)
@@ -317,10 +316,10 @@ def setup(app: web.Application) -> None:
 
 
 async def scrape(request: web.Request) -> web.Response:
-    recorder_of(request.app[STATE]).settle()
-    body = metrics_of(request.app[STATE]).exposition()
+    request.app[RECORDER].settle()
+    body = request.app[METRICS].exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def _close(app: web.Application) -> None:
-    metrics_of(app[STATE]).close()
+    app[METRICS].close()

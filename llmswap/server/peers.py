@@ -17,7 +17,7 @@ from yarl import URL
 
 from llmswap.activity.recording import Recording
 from llmswap.config.model import Config, PeerConfig
-from llmswap.server.proxy import Body, SseErrorFormatter, forward, openai_sse_error, upstream_pool
+from llmswap.server.proxy import UPSTREAMS, Body, SseErrorFormatter, forward, openai_sse_error
 from llmswap.server.state import state
 from llmswap.server.watchdog import Watchdog
 
@@ -94,7 +94,7 @@ async def forward_to_peer(
 ) -> web.StreamResponse:
     """Send the (already rewritten) request to `peer`; transport failures → 502 `peer proxy error: ...`."""
     server = state(request)
-    upstream = upstream_pool(server).upstream(f"peer:{peer.id}", peer.timeouts)
+    upstream = request.app[UPSTREAMS].upstream(f"peer:{peer.id}", peer.timeouts)
     extra, drop = peer_headers(peer, request.headers, llmswap_has_keys=bool(server.config.api_keys))
     return await forward(
         request,

@@ -22,25 +22,25 @@ from typing import Any
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from llmswap.config.model import Config
 from llmswap.gpu.reader import GpuGauges, GpuReading
 from llmswap.perf import hardware
 from llmswap.perf.monitor import MB, PerformanceMonitor
 from llmswap.router.base import BaseRouter
 from llmswap.server.errors import error_response
-from llmswap.server.metrics import metrics_of
-from llmswap.server.state import STATE, ServerState, state
+from llmswap.server.metrics import ServerMetrics
+from llmswap.server.state import STATE
 
 log = logging.getLogger("llmswap.perf")
 
-PERF_KEY = "performance"
 
 
 class Performance:
     """The monitor (None when disabled at start) and the settings it runs with."""
 
-    def __init__(self, server_state: ServerState) -> None:
-        self.server_state = server_state
-        settings = server_state.config.performance
+    def __init__(self, config: Config, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+        settings = config.performance
         self.available = not settings.disabled
         self.monitor: PerformanceMonitor | None = self._new(settings.every) if self.available else None
         self.hardware: dict[str, Any] | None = None  # detected at start; None if that failed
@@ -49,7 +49,7 @@ class Performance:
         return PerformanceMonitor(every, self.gauges)
 
     def gauges(self) -> GpuGauges | None:
-        reader = metrics_of(self.server_state).memory_reader()
+        reader = self.metrics.memory_reader()
         return reader if isinstance(reader, GpuGauges) else None
 
     def follow(self, router: BaseRouter) -> None:
@@ -67,12 +67,11 @@ class Performance:
             self.monitor.start()
 
 
-def performance_of(server_state: ServerState) -> Performance:
-    return server_state.extra(PERF_KEY, Performance, lambda: Performance(server_state))
+PERFORMANCE: web.AppKey[Performance] = web.AppKey("llmswap_performance", Performance)
 
 
 async def performance_route(request: web.Request) -> web.Response:
-    perf = performance_of(state(request))
+    perf = request.app[PERFORMANCE]
     if perf.monitor is None:
         return web.json_response({"enabled": False}, status=503)
     after: float | None = None
@@ -87,7 +86,7 @@ async def performance_route(request: web.Request) -> web.Response:
 
 
 async def hardware_route(request: web.Request) -> web.Response:
-    report = performance_of(state(request)).hardware
+    report = request.app[PERFORMANCE].hardware
     if report is None:
         return error_response(request, 503, "hardware detection unavailable")
     return web.json_response(report)
@@ -152,10 +151,9 @@ def _memory_percent(reading: GpuReading) -> float | None:
 
 
 def setup(app: web.Application) -> None:
-    server_state = app[STATE]
-    perf = performance_of(server_state)
-    server_state.watch_router(perf.follow)
-    metrics_of(server_state).registry.register(MachineCollector(perf))
+    perf = app[PERFORMANCE]
+    app[STATE].watch_router(perf.follow)
+    perf.metrics.registry.register(MachineCollector(perf))
     app.router.add_get("/api/performance", performance_route)
     app.router.add_get("/api/hardware", hardware_route)
     app.on_startup.append(_start)
@@ -163,7 +161,7 @@ def setup(app: web.Application) -> None:
 
 
 async def _start(app: web.Application) -> None:
-    perf = performance_of(app[STATE])
+    perf = app[PERFORMANCE]
     if perf.monitor is not None:
         perf.monitor.start()
     try:
@@ -173,6 +171,6 @@ async def _start(app: web.Application) -> None:
 
 
 async def _stop(app: web.Application) -> None:
-    perf = performance_of(app[STATE])
+    perf = app[PERFORMANCE]
     if perf.monitor is not None:
         await perf.monitor.stop()

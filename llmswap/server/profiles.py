@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,14 +20,11 @@ from llmswap.config.model import Config, ProfileConfig
 from llmswap.router.base import BaseRouter
 from llmswap.server.errors import error_response
 from llmswap.server.event_feed import TYPED_EVENTS
-from llmswap.server.events import feed_of
+from llmswap.server.events import FEED
 from llmswap.server.peers import resolve_peer
-from llmswap.server.state import STATE, ServerState, state
+from llmswap.server.state import STATE
 
 log = logging.getLogger("llmswap.profiles")
-
-PROFILES_KEY = "profiles"  # ServerState.extras key of the app's ActiveProfile
-WATCHERS_KEY = "profile_watchers"  # ServerState.extras key of the callbacks told each change
 
 
 @dataclass(frozen=True)
@@ -55,33 +51,32 @@ class ActiveProfile:
         return profile.pins.get(requested) if profile is not None else None
 
 
-def active_profile(server: ServerState) -> ActiveProfile:
-    return server.extra(PROFILES_KEY, ActiveProfile, lambda: ActiveProfile(server.config))
+class Profiles:
+    """The live config's `ActiveProfile`: none at start, and none again after every reload."""
+
+    def __init__(self, config: Config) -> None:
+        self.active = ActiveProfile(config)
+
+    def follow(self, router: BaseRouter) -> None:
+        # Called inside a reload with the new router, before any request sees it: none active again.
+        if router.config is not self.active.config:
+            self.active = ActiveProfile(router.config)
 
 
-def watch_profile(server: ServerState, watcher: Callable[[str | None], None]) -> None:
-    """Tell `watcher` the active profile's name (None: none) each time a client changes it. (A reload
-    makes none active without telling: whoever watches follows reloads too.)"""
-    server.extras.setdefault(WATCHERS_KEY, []).append(watcher)
+PROFILES: web.AppKey[Profiles] = web.AppKey("llmswap_profiles", Profiles)
 
 
 def setup(app: web.Application) -> None:
-    server = app[STATE]
-
-    def reset(router: BaseRouter) -> None:
-        # Called inside a reload with the new router, before any request sees it: none active again.
-        server.extras[PROFILES_KEY] = ActiveProfile(router.config)
-
-    server.watch_router(reset)
-    feed = feed_of(server)
-    feed.active_profile = lambda: active_profile(server).name
+    profiles = app[PROFILES]
+    app[STATE].watch_router(profiles.follow)
+    app[FEED].active_profile = lambda: profiles.active.name
     TYPED_EVENTS[ProfileChanged] = lambda feed, _change: feed.profile_changed()
     app.router.add_get("/api/profiles", list_profiles)
     app.router.add_put("/api/profiles/active", set_active)
 
 
 async def list_profiles(request: web.Request) -> web.Response:
-    current = active_profile(state(request))
+    current = request.app[PROFILES].active
     profiles = [
         {"id": profile.id, "description": profile.description, "pins": dict(profile.pins)}
         for profile in sorted(current.config.profiles.values(), key=lambda p: p.id)
@@ -90,7 +85,6 @@ async def list_profiles(request: web.Request) -> web.Response:
 
 
 async def set_active(request: web.Request) -> web.Response:
-    server = state(request)
     try:
         body = json.loads(await request.read())
     except ValueError:
@@ -103,15 +97,13 @@ async def set_active(request: web.Request) -> web.Response:
     if name is not None and not isinstance(name, str):
         return error_response(request, 400, "profile name must be a string or null")
     wanted = name or None
-    current = active_profile(server)
+    current = request.app[PROFILES].active
     if wanted is not None and wanted not in current.config.profiles:
         return error_response(request, 404, f'profile "{wanted}" not found')
     if wanted != current.name:
         current.name = wanted
         log.info("active profile changed to %s", json.dumps(wanted))
-        feed_of(server).publish(ProfileChanged(wanted))
-        for watcher in server.extras.get(WATCHERS_KEY, ()):
-            watcher(wanted)
+        request.app[FEED].publish(ProfileChanged(wanted))
     return web.json_response({"active": current.name})
 
 

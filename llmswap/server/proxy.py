@@ -22,7 +22,6 @@ from llmswap.dispatch.pool import Body, Upstream, UpstreamResponse, send
 from llmswap.server.errors import error_body, error_response
 from llmswap.server.inflight import note_relayed
 from llmswap.server.middleware import note_answering
-from llmswap.server.state import STATE, ServerState
 from llmswap.server.watchdog import Watchdog, WatchdogExpired
 
 log = logging.getLogger("llmswap.proxy")
@@ -51,8 +50,8 @@ DECODED_REQUEST_ENCODINGS = frozenset({"gzip", "deflate", "br", "zstd"})
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first", for the access log
 _ERROR_BODY_LIMIT = 64 * 1024
 
-UPSTREAMS_KEY = "upstreams"  # ServerState.extras key of the pool
-DISPATCHER_KEY = "dispatcher"  # ServerState.extras key of the dispatcher
+UPSTREAMS: web.AppKey[UpstreamPool] = web.AppKey("llmswap_upstreams", UpstreamPool)
+DISPATCHER: web.AppKey[Dispatcher] = web.AppKey("llmswap_dispatcher", Dispatcher)
 
 SseErrorFormatter = Callable[[int, str], bytes]
 
@@ -62,29 +61,9 @@ def openai_sse_error(status: int, message: str) -> bytes:
     return b"data: " + error_body(status, message) + b"\n\ndata: [DONE]\n\n"
 
 
-# -------------------------------------------------------------------------------- connection pool
-
-
-def upstream_pool(app_or_state: web.Application | ServerState) -> UpstreamPool:
-    """The server's pool, created on first use and kept in `state.extras["upstreams"]` (closed on cleanup)."""
-    server_state = app_or_state if isinstance(app_or_state, ServerState) else app_or_state[STATE]
-    return server_state.extra(UPSTREAMS_KEY, UpstreamPool, UpstreamPool)
-
-
-def dispatcher(app_or_state: web.Application | ServerState) -> Dispatcher:
-    """The server's dispatch path (over its pool and its live router), made on first use."""
-    server_state = app_or_state if isinstance(app_or_state, ServerState) else app_or_state[STATE]
-    def make() -> Dispatcher:
-        return Dispatcher(upstream_pool(server_state), lambda: server_state.router)
-
-    return server_state.extra(DISPATCHER_KEY, Dispatcher, make)
-
-
 async def close_upstream_pool(app: web.Application) -> None:
     """`on_cleanup` hook: close every upstream connection."""
-    pool = app[STATE].extras.get(UPSTREAMS_KEY)
-    if isinstance(pool, UpstreamPool):
-        await pool.close()
+    await app[UPSTREAMS].close()
 
 
 # -------------------------------------------------------------------------------- forwarding

@@ -13,10 +13,10 @@ from __future__ import annotations
 from aiohttp import web
 
 from llmswap.server.errors import error_response
-from llmswap.server.inference import query_with_model, selector_book
+from llmswap.server.inference import query_with_model
 from llmswap.server.peers import resolve_peer
-from llmswap.server.profiles import active_profile
-from llmswap.server.selectors import Lease, NoTarget
+from llmswap.server.profiles import PROFILES
+from llmswap.server.selectors import SELECTORS, Lease, NoTarget
 from llmswap.server.state import state
 from llmswap.server.upstream import UpstreamTarget, relay_socket
 from llmswap.server.websocket import is_upgrade
@@ -37,7 +37,7 @@ async def realtime(request: web.Request) -> web.StreamResponse:
         return error_response(request, 400, f"{PATH} needs the model as a query parameter: {PATH}?model=<id>")
     server = state(request)
     config = server.config
-    pinned = active_profile(server).pin(name)
+    pinned = request.app[PROFILES].active.pin(name)
     if pinned == "":
         return error_response(request, 404, "no model id could be identified")
     name = pinned or name
@@ -45,7 +45,7 @@ async def realtime(request: web.Request) -> web.StreamResponse:
     selector = config.selectors.get(name)
     if selector is not None:
         try:
-            lease = selector_book(server, config).pick(server.router, selector)
+            lease = request.app[SELECTORS].book(config).pick(server.router, selector)
         except NoTarget as exc:
             return error_response(request, 503, str(exc))
         name = lease.target

@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiohttp import web
+
 from llmswap.config.model import Config, SelectorConfig
 from llmswap.process.state import ProcessState
 from llmswap.router import BaseRouter
@@ -220,3 +222,18 @@ def selector_records(config: Config, router: BaseRouter, created: int) -> list[d
         records.append(record)
     return records
 
+
+class Selectors:
+    """The live config's `SelectorBook`: a reloaded config starts a new one (its counts reset)."""
+
+    def __init__(self) -> None:
+        self._book: SelectorBook | None = None
+
+    def book(self, config: Config) -> SelectorBook:
+        book = self._book
+        if book is None or book.config is not config:
+            book = self._book = SelectorBook(config)
+        return book
+
+
+SELECTORS: web.AppKey[Selectors] = web.AppKey("llmswap_selectors", Selectors)

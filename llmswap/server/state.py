@@ -10,15 +10,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from aiohttp import web
 
 from llmswap.config.model import ApiKey, Config
 from llmswap.process.logring import LogRing
 from llmswap.router.base import BaseRouter
-
-_T = TypeVar("_T")
 
 
 @dataclass
@@ -30,8 +28,6 @@ class ServerState:
     # Whether the listener opens loopback addresses only: then a non-loopback Host is refused
     # (llmswap.server.guard). The lifecycle sets it from --listen.
     loopback_listener: bool = True
-    # Filled by the modules that own them (upstream pool, metrics, event bus...), keyed by module name.
-    extras: dict[str, Any] = field(default_factory=dict)
     # Called with every router put in place after the first (a config reload): see `watch_router`.
     router_listeners: list[Callable[[BaseRouter], None]] = field(default_factory=list, repr=False)
 
@@ -52,15 +48,6 @@ class ServerState:
     @property
     def upstream_log(self) -> LogRing:
         return self.router.upstream_log
-
-    def extra(self, key: str, kind: type[_T], make: Callable[[], _T]) -> _T:
-        """The per-app object a module keeps in `extras` under `key`, made on first use (a test may
-        put its own there first)."""
-        value = self.extras.get(key)
-        if not isinstance(value, kind):
-            value = make()
-            self.extras[key] = value
-        return value
 
     def model_log(self, model: str) -> LogRing | None:
         process = self.router.processes.get(model)

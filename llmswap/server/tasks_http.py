@@ -16,11 +16,9 @@ from typing import Any
 from aiohttp import web
 
 from llmswap.server.errors import error_response
-from llmswap.server.state import ServerState, state
 from llmswap.tasks.db import TaskStatus, get_task, list_tasks
 from llmswap.tasks.service import TaskService, UnknownTaskType, row_json
 
-TASKS_KEY = "tasks"  # ServerState.extras key of the server's TaskService (made by the app at startup)
 MAX_LIST = 1000
 MAX_TASK_ID = 2**63 - 1  # SQLite's largest integer
 
@@ -33,16 +31,24 @@ def setup(app: web.Application) -> None:
     app.router.add_delete(r"/api/tasks/{task_id:\d+}", cancel)
 
 
-def task_service(server_state: ServerState, *, enabled_only: bool = True) -> TaskService | None:
-    """The server's task service; None when the config has no `tasks:` (or a reload removed it)."""
-    service = server_state.extras.get(TASKS_KEY)
-    if not isinstance(service, TaskService) or (enabled_only and not service.enabled):
-        return None
-    return service
+class Tasks:
+    """Where the server's task service is, once the config has a `tasks:` section (the app makes it at
+    start-up, or when a reload adds the section)."""
+
+    def __init__(self) -> None:
+        self.service: TaskService | None = None
+
+    def enabled(self) -> TaskService | None:
+        """The task service; None when the config has no `tasks:` (or a reload removed it)."""
+        service = self.service
+        return service if service is not None and service.enabled else None
+
+
+TASKS: web.AppKey[Tasks] = web.AppKey("llmswap_tasks", Tasks)
 
 
 def _service(request: web.Request) -> TaskService | None:
-    return task_service(state(request))
+    return request.app[TASKS].enabled()
 
 
 def _not_configured(request: web.Request) -> web.Response:

@@ -35,8 +35,8 @@ from llmswap.server.errors import error_response, scheduler_error_response
 from llmswap.server.inference import ROUTES, BodyTooLarge, read_body, request_priority
 from llmswap.server.middleware import note_model, too_large_message
 from llmswap.server.peers import forward_to_peer, peer_headers, resolve_peer
-from llmswap.server.profiles import active_profile
-from llmswap.server.proxy import upstream_pool
+from llmswap.server.profiles import PROFILES
+from llmswap.server.proxy import DISPATCHER, UPSTREAMS
 from llmswap.server.resolve import MalformedRequest
 from llmswap.server.state import request_api_key, state
 
@@ -105,7 +105,7 @@ async def models_page(request: web.Request) -> web.Response:
 async def to_upstream(request: web.Request) -> web.StreamResponse:
     server = state(request)
     raw_tail = request.rel_url.raw_path[len(PREFIX):]
-    pinned = pinned_tail(active_profile(server).pin, raw_tail)
+    pinned = pinned_tail(request.app[PROFILES].active.pin, raw_tail)
     if pinned is None:
         return error_response(request, 404, "model not found: the active profile disables this name")
     target = find_target(server.config, pinned)
@@ -174,7 +174,7 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str)
     """Relay a websocket upgrade to `target` (`query` is the raw query string to send), holding the model
     in flight for as long as the socket is open unless it sets `compat.ignoreWebsockets`."""
     server = state(request)
-    pool = upstream_pool(server)
+    pool = request.app[UPSTREAMS]
     if target.peer is not None:
         note_model(request, f"{target.peer}/{target.model}")
         peer = server.config.peers[target.peer]
@@ -206,7 +206,7 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str)
     try:
         cancel_on_hangup(request)  # a client that hangs up while its request waits leaves the queue
         asking = AcquireOptions(priority=priority, api_key=key.key if key is not None else None)
-        async with proxy.dispatcher(server).lease(target.model, asking, origin="http") as lease:
+        async with request.app[DISPATCHER].lease(target.model, asking, origin="http") as lease:
             keep_on_hangup(request)  # the relay passes a client's close on to the upstream itself
             # The grant's config, not the one read above: a reload may have changed the model meanwhile.
             url = proxy.upstream_url(lease.config.proxy, target.path, query)
@@ -220,12 +220,11 @@ async def _to_model(
     request: web.Request, model_id: str, path: str, body: bytearray | None, priority: int,
     recording: Recording | None = None,
 ) -> web.StreamResponse:
-    server = state(request)
     key = request_api_key(request)
     try:
         # A client that hangs up while its request waits cancels the handler: it leaves the queue.
         asking = AcquireOptions(priority=priority, api_key=key.key if key is not None else None)
-        async with proxy.dispatcher(server).lease(model_id, asking, origin="http") as lease:
+        async with request.app[DISPATCHER].lease(model_id, asking, origin="http") as lease:
             if recording is not None:
                 recording.waited(lease.waited)
             return await proxy.forward(

@@ -27,7 +27,6 @@ from yarl import URL
 from llmswap.server.errors import error_response
 from llmswap.server.middleware import note_first_byte
 from llmswap.server.proxy import describe, outgoing_headers
-from llmswap.server.state import STATE, ServerState
 
 log = logging.getLogger("llmswap.proxy")
 
@@ -45,7 +44,6 @@ CLOSE_TIMEOUT = 5.0  # seconds to wait for the other side's close frame before d
 # answers none, and its socket is closed after half this more: an open socket holds its model loaded,
 # so a dead one must not hold it for ever.
 HEARTBEAT = 30.0
-SOCKETS_KEY = "websockets"  # ServerState.extras key of the open client sockets
 
 
 class OpenSockets(dict[web.WebSocketResponse, str]):
@@ -59,13 +57,13 @@ class OpenSockets(dict[web.WebSocketResponse, str]):
         return counts
 
 
-def open_sockets(server_state: ServerState) -> OpenSockets:
-    return server_state.extra(SOCKETS_KEY, OpenSockets, OpenSockets)
+SOCKETS: web.AppKey[OpenSockets] = web.AppKey("llmswap_websockets", OpenSockets)
 
 
 async def close_open_sockets(app: web.Application) -> None:
     """`on_shutdown` hook: tell every client the server is going away; each relay then ends by itself."""
-    sockets = list(open_sockets(app[STATE]))
+    open_now: OpenSockets = app[SOCKETS]
+    sockets = list(open_now)
     await asyncio.gather(*(_close(socket, GOING_AWAY) for socket in sockets), return_exceptions=True)
 
 
@@ -134,7 +132,7 @@ async def relay(
         )
         await client.prepare(request)
         note_first_byte(request)
-        sockets = open_sockets(request.app[STATE])
+        sockets = request.app[SOCKETS]
         sockets[client] = model
         try:
             await _copy_until_closed(client, upstream)

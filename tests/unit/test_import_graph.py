@@ -130,3 +130,44 @@ def test_no_import_cycle_between_packages() -> None:
 def test_the_graph_sees_function_level_imports() -> None:
     # cli.py builds the server inside a function: a walk of module-level imports alone would miss it.
     assert "llmswap.server" in package_graph(module_graph())["llmswap.cli"]
+
+
+# ARCHITECTURE.md's layers, top to bottom: a package imports only packages below it. The demo upstream
+# stands apart (it imports nothing of llmswap's but the version); `llmswap` itself holds the version.
+LAYERS = (
+    "llmswap.__main__",
+    "llmswap.cli",
+    "llmswap.server",
+    "llmswap.tasks",
+    "llmswap.upstream",
+    "llmswap.activity",
+    "llmswap.router",
+    "llmswap.scheduler",
+    "llmswap.process",
+    "llmswap.machine",
+    "llmswap.config",
+    "llmswap",
+)
+
+
+def upward_imports(graph: Mapping[str, set[str]], layers: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The package imports that run up (or sideways past) the declared order; packages outside it count
+    as a violation too, so a new package must be placed."""
+    rank = {name: index for index, name in enumerate(layers)}
+    found = []
+    for source, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if source not in rank or target not in rank or rank[source] >= rank[target]:
+                found.append((source, target))
+    return found
+
+
+def test_upward_imports_are_found() -> None:
+    graph = {"top": {"bottom"}, "bottom": {"top"}, "new": {"bottom"}}
+    assert upward_imports(graph, ("top", "bottom")) == [("bottom", "top"), ("new", "bottom")]
+
+
+def test_packages_import_only_the_layers_below_them() -> None:
+    graph = package_graph(module_graph())
+    graph.pop("llmswap.demo", None)  # a standalone upstream for examples and tests
+    assert upward_imports(graph, LAYERS) == []

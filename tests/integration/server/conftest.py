@@ -24,6 +24,7 @@ from llmswap.config.model import Config
 from llmswap.router import BaseRouter, ProcessFactory, build_router
 from llmswap.server.app import create_app
 from llmswap.server.connections import Runner
+from llmswap.server.services import SERVICES, Services
 from llmswap.server.state import ServerState
 from tests.helpers.wait import eventually
 
@@ -51,6 +52,10 @@ class Served:
     def config(self) -> Config:
         return self.state.config
 
+    @property
+    def services(self) -> Services:
+        return self.app[SERVICES]
+
     def at(self, path: str) -> str:
         return f"{self.url}{path}"
 
@@ -62,7 +67,7 @@ class ServeConfig(Protocol):
         *,
         router: BaseRouter | None = None,
         process_factory: ProcessFactory | None = None,
-        prepare: Callable[[ServerState], Awaitable[None] | None] | None = None,
+        services: Callable[[ServerState], Services] | None = None,
         **state_fields: Any,
     ) -> Awaitable[Served]: ...
 
@@ -73,23 +78,19 @@ async def serving(
     *,
     router: BaseRouter | None = None,
     process_factory: ProcessFactory | None = None,
-    prepare: Callable[[ServerState], Awaitable[None] | None] | None = None,
+    services: Callable[[ServerState], Services] | None = None,
     **state_fields: Any,
 ) -> AsyncIterator[Served]:
     """Serve `config` for the duration of the block (the fixture uses this; tests needing two servers at
     different moments can use it directly). `router` replaces the one `build_router` would make;
-    `prepare(state)` runs before the app is created (e.g. to put something in `state.extras`)."""
+    `services(state)` builds the server's parts in place of `build_services` (a fake GPU, feed options)."""
     the_router = router if router is not None else build_router(config, process_factory=process_factory)
     server_state = ServerState(config=config, router=the_router, **state_fields)
     routers: list[BaseRouter] = [the_router]
     runner: web.AppRunner | None = None
     try:
         the_router.start()
-        if prepare is not None:
-            maybe = prepare(server_state)
-            if maybe is not None:
-                await maybe
-        app = create_app(server_state)
+        app = create_app(server_state, services(server_state) if services is not None else None)
         runner = Runner(app, header_timeout=lambda: server_state.config.client_header_timeout,
                         shutdown_timeout=SHUTDOWN_GRACE)
         await runner.setup()
@@ -137,11 +138,11 @@ async def serve_config() -> AsyncIterator[ServeConfig]:
             *,
             router: BaseRouter | None = None,
             process_factory: ProcessFactory | None = None,
-            prepare: Callable[[ServerState], Awaitable[None] | None] | None = None,
+            services: Callable[[ServerState], Services] | None = None,
             **state_fields: Any,
         ) -> Served:
             return await stack.enter_async_context(
-                serving(config, router=router, process_factory=process_factory, prepare=prepare,
+                serving(config, router=router, process_factory=process_factory, services=services,
                         **state_fields)
             )
 

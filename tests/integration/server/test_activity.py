@@ -159,7 +159,7 @@ async def test_stats_and_paging_follow_llama_swaps_shapes(
         body = {"model": "m", "prompt": "x", "max_tokens": 2}
         async with http.post(served.at("/v1/completions"), json=body):
             pass
-    kept = served.state.extras["activity"].log.rows  # rows are kept in batches: the third comes soon after
+    kept = served.services.recorder.log.rows  # rows are kept in batches: the third comes soon after
     await until(lambda: bool(kept) and kept[-1].id == 3, what="3 rows")
     async with http.get(served.at("/api/metrics/activity?limit=1")) as response:
         page = await response.json()

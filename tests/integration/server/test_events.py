@@ -15,8 +15,8 @@ import aiohttp
 from llmswap.config.model import ApiKey
 from llmswap.server.event_feed import EventFeed
 from llmswap.server.eventbus import Event
-from llmswap.server.events import EVENTS_KEY
 from llmswap.server.reload import apply_config
+from llmswap.server.services import Services, build_services
 from llmswap.server.state import ServerState
 from tests.helpers.models import demo_config, exclusive_config
 from tests.integration.server.conftest import ServeConfig, Served, serving, until
@@ -242,11 +242,11 @@ async def test_log_lines_arrive_as_logdata(serve_config: ServeConfig, http: aioh
 async def test_a_slow_subscriber_loses_frames_not_memory_and_gets_the_state_again(
     serve_config: ServeConfig, http: aiohttp.ClientSession
 ) -> None:
-    def small_backlog(state: ServerState) -> None:
-        state.extras[EVENTS_KEY] = EventFeed(state, max_pending=8)
+    def small_backlog(state: ServerState) -> Services:
+        return build_services(state, feed_options={"max_pending": 8})
 
-    served = await serve_config(exclusive_config(demo_config("m")), prepare=small_backlog)
-    feed: EventFeed = served.state.extras[EVENTS_KEY]
+    served = await serve_config(exclusive_config(demo_config("m")), services=small_backlog)
+    feed = served.services.events
     host, port = served.url.removeprefix("http://").split(":")
     # The slow client asks for the stream and then reads nothing: its socket buffers fill up.
     slow = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -320,10 +320,10 @@ async def _read_until(sock: socket.socket, marker: bytes, within: float = WITHIN
 
 
 async def test_quiet_streams_get_keepalive_comments(serve_config: ServeConfig, http: aiohttp.ClientSession):
-    def fast_keepalive(state: ServerState) -> None:
-        state.extras[EVENTS_KEY] = EventFeed(state, keepalive=0.1)
+    def fast_keepalive(state: ServerState) -> Services:
+        return build_services(state, feed_options={"keepalive": 0.1})
 
-    served = await serve_config(exclusive_config(demo_config("m")), prepare=fast_keepalive)
+    served = await serve_config(exclusive_config(demo_config("m")), services=fast_keepalive)
     async with http.get(served.at("/api/events")) as response:
         async with asyncio.timeout(WITHIN):
             while (line := await response.content.readline()) != b": keepalive\n":
@@ -332,7 +332,7 @@ async def test_quiet_streams_get_keepalive_comments(serve_config: ServeConfig, h
 
 async def test_a_client_that_leaves_is_unsubscribed(serve_config: ServeConfig, http: aiohttp.ClientSession):
     served = await serve_config(exclusive_config(demo_config("m")))
-    feed: EventFeed = served.state.extras[EVENTS_KEY]
+    feed = served.services.events
     async with events(http, served) as stream:
         await stream.next()
         assert feed.bus.subscribers == 1
@@ -355,7 +355,7 @@ async def test_the_stream_ends_cleanly_when_the_server_shuts_down(http: aiohttp.
 
     async with serving(exclusive_config(demo_config("m"))) as served:
         task = asyncio.create_task(follow(served))
-        feed: EventFeed = served.state.extras[EVENTS_KEY]
+        feed = served.services.events
         await until(lambda: feed.bus.subscribers == 1, what="the client to subscribe")
     # Leaving the block shut the server down: the stream must have ended by itself, not by a cut.
     body = await task

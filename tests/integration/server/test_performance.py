@@ -11,20 +11,19 @@ import aiohttp
 from llmswap.config.model import PerformanceConfig
 from llmswap.gpu.fake import FakeReader
 from llmswap.gpu.units import GiB
-from llmswap.server.metrics import METRICS_KEY, ServerMetrics
-from llmswap.server.performance_api import performance_of
 from llmswap.server.reload import apply_config
+from llmswap.server.services import Services, build_services
 from llmswap.server.state import ServerState
 from tests.helpers.models import demo_config, exclusive_config
 from tests.integration.server.conftest import ServeConfig, Served, until
 from tests.integration.server.test_metrics import get, scrape
 
 
-def with_fake_gpu(server_state: ServerState) -> None:
+def with_fake_gpu(server_state: ServerState) -> Services:
     reader = FakeReader((24 * GiB,), names=("Fake RTX",))
     reader.set_extra_used(0, 3 * GiB)
     reader.set_gauges(0, util_pct=80.0, temp_c=70.0, power_w=300.0)
-    server_state.extras[METRICS_KEY] = ServerMetrics(server_state, reader=reader)
+    return build_services(server_state, memory_reader=reader)
 
 
 async def performance(http: aiohttp.ClientSession, served: Served, query: str = "") -> tuple[int, dict]:
@@ -35,7 +34,7 @@ async def performance(http: aiohttp.ClientSession, served: Served, query: str = 
 async def test_performance_hardware_and_metrics_show_the_gpu(
     serve_config: ServeConfig, http: aiohttp.ClientSession
 ) -> None:
-    served = await serve_config(exclusive_config(demo_config("m")), prepare=with_fake_gpu)
+    served = await serve_config(exclusive_config(demo_config("m")), services=with_fake_gpu)
 
     async def sampled() -> bool:
         return (await performance(http, served))[1]["sys_stats"] is not None
@@ -88,7 +87,7 @@ async def test_a_reload_that_disables_sampling_stops_it_and_one_that_changes_eve
     slower = dataclasses.replace(config, performance=PerformanceConfig(every=60.0))
     assert apply_config(served.state, slower).applied
     await until(sampled, what="the first sample at the new pace")
-    assert performance_of(served.state).monitor.every == 60.0  # type: ignore[union-attr]
+    assert served.services.performance.monitor.every == 60.0  # type: ignore[union-attr]
 
     off = dataclasses.replace(config, performance=PerformanceConfig(disabled=True))
     assert apply_config(served.state, off).applied

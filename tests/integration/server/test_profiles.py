@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 
 from llmswap.config.model import Config, ProfileConfig, SelectorConfig
-from llmswap.server.events import Event, feed_of
+from llmswap.server.events import Event
 from llmswap.server.reload import apply_config
 from tests.helpers.models import demo_config, exclusive_config
 from tests.integration.server.conftest import ServeConfig, Served
@@ -125,7 +125,7 @@ async def test_a_real_switch_publishes_one_event_and_a_reload_resets_to_none(
     serve_config: ServeConfig, http: aiohttp.ClientSession
 ) -> None:
     served = await serve_config(profiled())
-    subscription = feed_of(served.state).bus.subscribe()
+    subscription = served.services.events.bus.subscribe()
     await put_active(http, served, {"name": "work"})
     await put_active(http, served, {"name": "work"})  # already active: no event
     await put_active(http, served, {"name": ""})

@@ -28,7 +28,6 @@ from llmswap.config.model import (
 from llmswap.gpu import FakeReader, GiB
 from llmswap.process.state import ProcessState
 from llmswap.router import BaseRouter, build_router
-from llmswap.server.inference import SELECTORS_KEY
 from llmswap.server.reload import apply_config
 from llmswap.server.selectors import SelectorBook
 from tests.helpers.demo import free_port, running_demo
@@ -54,7 +53,7 @@ def selectors(*entries: SelectorConfig) -> dict[str, SelectorConfig]:
 
 
 def book(served: Served) -> SelectorBook:
-    found = served.state.extras[SELECTORS_KEY]
+    found = served.services.selectors.book(served.config)
     assert isinstance(found, SelectorBook)
     return found
 

@@ -20,7 +20,6 @@ from llmswap.config.model import (
     TaskTypeConfig,
 )
 from llmswap.server.reload import apply_config
-from llmswap.server.tasks_http import task_service
 from llmswap.tasks.db import insert_task
 from tests.helpers.models import demo_config
 from tests.helpers.wait import eventually
@@ -196,7 +195,7 @@ async def test_a_reload_reconfigures_the_task_queue_in_place(
              "digests": TaskTypeConfig("digests", "b")}
     moved = dataclasses.replace(full, tasks=dataclasses.replace(full.tasks, types=types, priority=5))
     assert apply_config(served.state, moved).applied
-    service = task_service(served.state)
+    service = served.services.tasks.enabled()
     assert service is not None and service.tasks.priority == 5
     assert answered_by(await finished(http, url, (await submit(http, url, "letters"))["id"])) == "c"
     assert answered_by(await finished(http, url, (await submit(http, url, "digests"))["id"])) == "b"
@@ -215,7 +214,7 @@ async def test_a_reload_reconfigures_the_task_queue_in_place(
     # The database itself changes only with a restart: the queue keeps the one it has.
     elsewhere = dataclasses.replace(full, tasks=dataclasses.replace(full.tasks, db=tmp_path / "other.sqlite"))
     assert apply_config(served.state, elsewhere).applied
-    service = task_service(served.state)
+    service = served.services.tasks.enabled()
     assert service is not None and service.db == full.tasks.db
     async with http.get(f"{url}/api/tasks/{waiting}") as resp:
         assert (await resp.json())["status"] == "completed"

@@ -15,7 +15,6 @@ import pytest
 from llmswap.config.model import PeerConfig, ProfileConfig, SelectorConfig
 from llmswap.process.state import ProcessState
 from llmswap.server import websocket
-from llmswap.server.inference import SELECTORS_KEY
 from tests.helpers.demo import running_demo
 from tests.helpers.models import demo_config, exclusive_config
 from tests.integration.server.conftest import until
@@ -221,8 +220,9 @@ async def test_realtime_follows_profile_pins_and_selectors(serve_config, http):
     async with http.ws_connect(served.at("/v1/realtime?model=ears")) as socket:
         greeting = await hello(socket)
         assert (greeting["model"], greeting["query"]) == ("voice", {"model": "voice"})
-        assert served.state.extras[SELECTORS_KEY].outstanding("listen") == {"voice": 1}  # held while open
-    await until(lambda: served.state.extras[SELECTORS_KEY].outstanding("listen") == {}, what="the release")
+        book = served.services.selectors.book(served.config)
+        assert book.outstanding("listen") == {"voice": 1}  # held while open
+    await until(lambda: book.outstanding("listen") == {}, what="the release")
     upgrade = {"Upgrade": "websocket", "Connection": "Upgrade"}
     async with http.get(served.at("/v1/realtime?model=chat"), headers=upgrade) as response:
         assert response.status == 404  # disabled by the active profile

@@ -48,7 +48,7 @@ def router_for(*models: ModelConfig, **config_fields) -> BaseRouter:
 def feed_for(*models: ModelConfig, **options) -> tuple[ServerState, EventFeed]:
     router = router_for(*models)
     state = ServerState(config=router.config, router=router)
-    feed = EventFeed(state, wall_clock=lambda: 1000.0, **options)
+    feed = EventFeed(state, InflightTracker(), wall_clock=lambda: 1000.0, **options)
     state.watch_router(feed.watch)
     return state, feed
 
@@ -187,7 +187,7 @@ async def test_queue_events_are_sent_when_counts_change_and_only_then():
     slow = FakeScript(start_delay=lambda m: 30.0)  # the load outlasts the test: the request stays queued
     router = build_router(Config(models={"a": model("a")}), process_factory=fake_factory(slow))
     state = ServerState(config=router.config, router=router)
-    feed = EventFeed(state)
+    feed = EventFeed(state, InflightTracker())
     state.watch_router(feed.watch)
     listener = feed.bus.subscribe()
     router.start()

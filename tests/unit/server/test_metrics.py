@@ -13,6 +13,7 @@ from llmswap.scheduler.errors import SwapFailed
 from llmswap.scheduler.types import SwapPlan
 from llmswap.server.metrics import ServerMetrics
 from llmswap.server.state import ServerState
+from llmswap.server.websocket import OpenSockets
 from tests.helpers.fake_process import FakeScript, fake_factory
 
 
@@ -28,7 +29,7 @@ def router_for(*ids: str) -> BaseRouter:
 def served(*ids: str, reader: FakeReader | None = None) -> tuple[ServerState, ServerMetrics]:
     router = router_for(*ids)
     state = ServerState(config=router.config, router=router)
-    metrics = ServerMetrics(state, reader=reader or FakeReader((8 * GiB,)))
+    metrics = ServerMetrics(state, OpenSockets(), reader=reader or FakeReader((8 * GiB,)))
     state.watch_router(metrics.watch)
     return state, metrics
 
