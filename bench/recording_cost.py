@@ -96,7 +96,7 @@ def switch_recording_off() -> None:
 
     import llmswap.server
     from llmswap.activity.recorder import ActivityRecorder
-    from llmswap.server import activity_api
+    from llmswap.server.observe import activity as activity_api
 
     nothing = {"begin_http": lambda *args, **kwargs: NULL_RECORDING, "finish_http": _nothing}
     originals = {name: getattr(activity_api, name) for name in nothing}

@@ -1,3 +1,3 @@
-from llmswap.cli import main
+from llmswap.cli.main import main
 
 raise SystemExit(main())

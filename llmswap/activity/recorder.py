@@ -2,7 +2,7 @@
 is recorded: the activity log (in memory, bounded by `metricsMaxInMemory`, or the SQLite store), the
 capture ring (`captureBuffer`) and the listeners told of each stored row (the `activity` event, metrics).
 
-The request path (today `llmswap.server.inference` and the task queue; later the dispatcher) calls
+The request path (today `llmswap.server.inference.routes` and the task queue; later the dispatcher) calls
 `begin(RequestFacts(...))`, feeds the `Recording` as the answer passes, and calls `finish` (the row is kept
 now) or `finish_soon` (the HTTP routes: the row is kept with the next batch, see SETTLE_BATCH; whatever
 reads activity, captures or token counts calls `settle` first).

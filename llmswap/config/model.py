@@ -327,7 +327,7 @@ class Config:
     client_header_timeout: float = DEFAULT_CLIENT_HEADER_TIMEOUT  # llmswap: YAML `clientHeaderTimeout`
     state_dir: Path | None = None  # llmswap: YAML `stateDir`, where learned footprints persist
     tasks: TasksConfig | None = None
-    # llmswap: YAML `cors.allowedOrigins` and `allowedHosts`, beyond loopback (llmswap.server.guard)
+    # llmswap: YAML `cors.allowedOrigins` and `allowedHosts`, beyond loopback (llmswap.server.http.guard)
     allowed_origins: tuple[OriginPattern, ...] = ()
     allowed_hosts: tuple[HostPattern, ...] = ()
     selectors: Mapping[str, SelectorConfig] = _no_entries()

@@ -2,7 +2,7 @@
 `allowedHosts`, and the matching of a request's `Origin` and `Host` headers against them.
 
 Pure functions on strings, no I/O: the config loader parses the patterns (a `ValueError` names the fix),
-the server's guard (`llmswap.server.guard`) matches headers against them on every request.
+the server's guard (`llmswap.server.http.guard`) matches headers against them on every request.
 
     origin pattern   *  |  scheme://host[:port]     host: a name, *.suffix (one or more labels), or an
                                                     IP ([::1] for IPv6); port: digits or *; no port means

@@ -3,7 +3,7 @@
 A demo run with ``--fake-vram SIZE --fake-gpu-dir DIR`` writes ``DIR/<pid>`` holding SIZE in bytes (decimal)
 once it is healthy and removes it when it exits. A SIGKILLed demo cannot remove its file, so readers count
 only files whose pid is alive, which is also how a real GPU frees the memory of a killed process. The fake
-GPU reader in ``llmswap/gpu/`` reads the same files.
+GPU reader in ``llmswap/machine/`` reads the same files.
 """
 
 import os

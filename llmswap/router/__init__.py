@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 
 from llmswap.config.model import Config
-from llmswap.gpu.reader import MemoryReader
+from llmswap.machine.reader import MemoryReader
 from llmswap.router.base import BaseRouter
 from llmswap.router.types import AcquireOptions, ProcessFactory, ProcessLike, SwapFinished, SwapStarted
 

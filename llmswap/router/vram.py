@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmswap.config.model import Config
-from llmswap.gpu import FootprintBook, MemoryReader, device_labels, format_bytes, open_reader, wait_for_free
+from llmswap.machine import (
+    FootprintBook,
+    MemoryReader,
+    device_labels,
+    format_bytes,
+    open_reader,
+    wait_for_free,
+)
 from llmswap.process.errors import StartFailed
 from llmswap.process.events import ProcessEvent
 from llmswap.process.state import ProcessState

@@ -9,28 +9,19 @@ import logging
 from aiohttp import web
 
 from llmswap.router.base import BaseRouter
-from llmswap.server import (
-    activity_api,
-    activity_metrics,
-    admin,
-    batch_http,
-    cancel,
-    events,
-    guard,
-    inference,
-    logs,
-    metrics,
-    middleware,
-    performance_api,
-    profiles,
-    realtime,
-    tasks_http,
-    ui,
-    upstream,
-)
+from llmswap.server.admin import batches as batch_http
+from llmswap.server.admin import models as admin
+from llmswap.server.admin import tasks as tasks_http
+from llmswap.server.http import guard, middleware
+from llmswap.server.inference import cancel, profiles, realtime
+from llmswap.server.inference import passthrough as upstream
+from llmswap.server.inference import routes as inference
+from llmswap.server.observe import activity as activity_api
+from llmswap.server.observe import activity_metrics, events, logs, metrics, ui
+from llmswap.server.observe import performance as performance_api
 from llmswap.server.services import SERVICES, Services, build_services
 from llmswap.server.state import STATE, ServerState
-from llmswap.tasks.service import TaskService
+from llmswap.tasks.queue.service import TaskService
 
 log = logging.getLogger("llmswap.tasks")
 

@@ -35,10 +35,10 @@ from llmswap.process.logring import LogRing
 from llmswap.router import build_router
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.server.app import create_app
-from llmswap.server.connections import DescriptorWarnings, Runner, raise_open_file_limit
-from llmswap.server.guard import is_loopback_listener
-from llmswap.server.inflight import Cut
-from llmswap.server.logsetup import configure_logging
+from llmswap.server.http.connections import DescriptorWarnings, Runner, raise_open_file_limit
+from llmswap.server.http.guard import is_loopback_listener
+from llmswap.server.inference.inflight import Cut
+from llmswap.server.observe.logsetup import configure_logging
 from llmswap.server.reload import WATCH_INTERVAL, ConfigWatcher, ReloadOutcome, reload_from_sources
 from llmswap.server.services import Services, build_services
 from llmswap.server.state import ServerState

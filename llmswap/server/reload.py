@@ -73,8 +73,7 @@ def apply_config(state: ServerState, config: Config) -> ReloadOutcome:
                   config.path or "the new config", err)
         return ReloadOutcome(applied=False, error=str(err))
     new.start()
-    state.router = new
-    state.config = config
+    state.install(new, config)
     for warning in config.warnings:
         log.warning("config: %s", warning)
     kept = adoptable(old.config, config)

@@ -14,20 +14,20 @@ from typing import Any
 from aiohttp import web
 
 from llmswap.activity.recorder import ActivityRecorder
-from llmswap.dispatch import Dispatcher, UpstreamPool
-from llmswap.gpu import MemoryReader
-from llmswap.server.activity_api import RECORDER, settings_of
-from llmswap.server.event_feed import EventFeed
-from llmswap.server.events import FEED
-from llmswap.server.inflight import INFLIGHT, InflightTracker
-from llmswap.server.metrics import METRICS, ServerMetrics
-from llmswap.server.performance_api import PERFORMANCE, Performance
-from llmswap.server.profiles import PROFILES, Profiles
-from llmswap.server.proxy import DISPATCHER, UPSTREAMS
-from llmswap.server.selectors import SELECTORS, Selectors
+from llmswap.machine import MemoryReader
+from llmswap.server.admin.tasks import TASKS, Tasks
+from llmswap.server.inference.inflight import INFLIGHT, InflightTracker
+from llmswap.server.inference.profiles import PROFILES, Profiles
+from llmswap.server.inference.proxy import DISPATCHER, UPSTREAMS
+from llmswap.server.inference.selectors import SELECTORS, Selectors
+from llmswap.server.inference.websocket import SOCKETS, OpenSockets
+from llmswap.server.observe.activity import RECORDER, settings_of
+from llmswap.server.observe.event_feed import EventFeed
+from llmswap.server.observe.events import FEED
+from llmswap.server.observe.metrics import METRICS, ServerMetrics
+from llmswap.server.observe.performance import PERFORMANCE, Performance
 from llmswap.server.state import ServerState
-from llmswap.server.tasks_http import TASKS, Tasks
-from llmswap.server.websocket import SOCKETS, OpenSockets
+from llmswap.upstream import Dispatcher, UpstreamPool
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
 
@@ -26,18 +25,18 @@ class ServerState:
     proxy_log: LogRing = field(default_factory=lambda: LogRing("proxy"))
     started_at: float = field(default_factory=time.time)
     # Whether the listener opens loopback addresses only: then a non-loopback Host is refused
-    # (llmswap.server.guard). The lifecycle sets it from --listen.
+    # (llmswap.server.http.guard). The lifecycle sets it from --listen.
     loopback_listener: bool = True
-    # Called with every router put in place after the first (a config reload): see `watch_router`.
+    # Called with every router put in place after the first (a config reload): see `install`.
     router_listeners: list[Callable[[BaseRouter], None]] = field(default_factory=list, repr=False)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        previous = self.__dict__.get(name)
-        super().__setattr__(name, value)
-        if name == "router" and value is not previous:
-            # Synchronous, so a listener sees the new router before it can handle any request.
-            for listener in tuple(self.__dict__.get("router_listeners", ())):
-                listener(value)
+    def install(self, router: BaseRouter, config: Config) -> None:
+        """Put a reload's router and config in place and tell every `watch_router` listener, synchronously:
+        each sees the new router before it can handle any request."""
+        self.router = router
+        self.config = config
+        for listener in tuple(self.router_listeners):
+            listener(router)
 
     def watch_router(self, listener: Callable[[BaseRouter], None]) -> None:
         """Call `listener(router)` now with the current router and again with each one a reload installs

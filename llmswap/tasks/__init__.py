@@ -7,7 +7,17 @@ Usable from synchronous code (threads, no event loop):
     task_id, is_new = submit_task(db, "cover_letter", job_id=7, params={"messages": [...]})
 """
 
-from llmswap.tasks.db import (
+from llmswap.tasks.peregrine.runner import submit_task
+from llmswap.tasks.peregrine.scheduler import (
+    DEFAULT_VRAM_BUDGETS,
+    LLM_TASK_TYPES,
+    SchedulerSnapshot,
+    TaskScheduler,
+    current_scheduler,
+    get_scheduler,
+    reset_scheduler,
+)
+from llmswap.tasks.queue.db import (
     TaskDatabaseError,
     TaskRow,
     TaskStatus,
@@ -20,17 +30,7 @@ from llmswap.tasks.db import (
     task_stats,
     update_task_status,
 )
-from llmswap.tasks.execution import Handler, RunTaskFn, default_run_task, make_run_task
-from llmswap.tasks.runner import submit_task
-from llmswap.tasks.scheduler import (
-    DEFAULT_VRAM_BUDGETS,
-    LLM_TASK_TYPES,
-    SchedulerSnapshot,
-    TaskScheduler,
-    current_scheduler,
-    get_scheduler,
-    reset_scheduler,
-)
+from llmswap.tasks.queue.execution import Handler, RunTaskFn, default_run_task, make_run_task
 
 __all__ = [
     "DEFAULT_VRAM_BUDGETS",

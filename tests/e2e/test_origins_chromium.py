@@ -21,7 +21,7 @@ from aiohttp import web
 
 from llmswap.config.origins import parse_origin_pattern
 from llmswap.process.state import ProcessState
-from llmswap.server.middleware import REQUEST_OBSERVERS, Answered
+from llmswap.server.http.middleware import REQUEST_OBSERVERS, Answered
 from tests.e2e.test_ui_chromium import CHROMIUM, WITHIN, DevTools, chromium
 from tests.helpers.models import demo_config, exclusive_config
 from tests.helpers.wait import eventually

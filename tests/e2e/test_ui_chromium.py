@@ -26,11 +26,11 @@ import aiohttp
 import pytest
 
 from llmswap.config.model import ApiKey, Config, ModelConfig, RouterConfig, RoutingConfig, VramSettings
-from llmswap.gpu import FakeReader, GiB
+from llmswap.machine import FakeReader, GiB
 from llmswap.process.logring import LogRing
 from llmswap.process.state import ProcessState
 from llmswap.router import build_router
-from llmswap.server.logsetup import ProxyFormatter
+from llmswap.server.observe.logsetup import ProxyFormatter
 from llmswap.server.state import RingHandler
 from tests.helpers.models import demo_config, exclusive_config
 from tests.helpers.wait import eventually

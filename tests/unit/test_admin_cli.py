@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmswap.admin_cli import AdminError, Client, model_path, rows, table
+from llmswap.cli.admin import AdminError, Client, model_path, rows, table
 
 
 def model(model_id: str, state: str, in_flight: int = 0, waiting: int = 0, **extra) -> dict:

@@ -20,9 +20,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from llmswap.config.model import EMPTY, ModelConfig, VramSettings
-from llmswap.gpu.footprints import FootprintBook
-from llmswap.gpu.reader import DeviceMemory
-from llmswap.gpu.units import format_bytes
+from llmswap.machine.footprints import FootprintBook
+from llmswap.machine.reader import DeviceMemory
+from llmswap.machine.units import format_bytes
 from llmswap.scheduler.errors import CannotFit
 
 # The cost of evicting a running model whose load was never timed. Timings are recorded on every

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from llmswap import __version__
-from llmswap.cli import main, parse_listen
+from llmswap.cli.main import main, parse_listen
 
 CONFIG = """\
 macros:

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from llmswap import __version__
-from llmswap.cli import build_parser, main
-from llmswap.cliargs import listen_address
+from llmswap.cli.args import listen_address
+from llmswap.cli.main import build_parser, main
 from tests.helpers.cli import WITHIN, LlmswapProcess, demo_model, running_llmswap, write_config
 from tests.helpers.demo import HOST, free_port
 from tests.helpers.wait import eventually

@@ -24,8 +24,8 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from llmswap.config.model import Timeouts
-from llmswap.dispatch import client
-from llmswap.dispatch.client import (
+from llmswap.upstream import client
+from llmswap.upstream.client import (
     MAX_IDLE,
     ConnectFailed,
     ConnectTimeout,
@@ -34,7 +34,7 @@ from llmswap.dispatch.client import (
     UpstreamProtocolError,
     keepalive_seconds,
 )
-from llmswap.dispatch.pool import send
+from llmswap.upstream.pool import send
 from tests.helpers.demo import running_demo
 from tests.helpers.scripted_upstream import Scripted, answer_each, ok, scripted, url
 

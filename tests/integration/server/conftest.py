@@ -23,7 +23,7 @@ from aiohttp import web
 from llmswap.config.model import Config
 from llmswap.router import BaseRouter, ProcessFactory, build_router
 from llmswap.server.app import create_app
-from llmswap.server.connections import Runner
+from llmswap.server.http.connections import Runner
 from llmswap.server.services import SERVICES, Services
 from llmswap.server.state import ServerState
 from tests.helpers.wait import eventually

@@ -13,8 +13,8 @@ import pytest
 from openai import AsyncOpenAI, NotFoundError
 
 from llmswap.config.model import ApiKey
-from llmswap.server.batch_http import content_disposition
-from llmswap.tasks import batch_store as store
+from llmswap.server.admin.batches import content_disposition
+from llmswap.tasks.batch_api import store
 from tests.integration.server.conftest import ServeConfig, Served
 from tests.integration.server.test_batches import batch_config, finished, records, request_line
 

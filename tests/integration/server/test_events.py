@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 
 from llmswap.config.model import ApiKey
-from llmswap.server.event_feed import EventFeed
-from llmswap.server.eventbus import Event
+from llmswap.server.observe.event_feed import EventFeed
+from llmswap.server.observe.eventbus import Event
 from llmswap.server.reload import apply_config
 from llmswap.server.services import Services, build_services
 from llmswap.server.state import ServerState

@@ -16,7 +16,7 @@ import pytest
 
 from llmswap.config.model import ApiKey, Filters
 from llmswap.router import SwapStarted
-from llmswap.server.inference import ROUTES
+from llmswap.server.inference.routes import ROUTES
 from tests.helpers.models import demo_config, exclusive_config
 from tests.integration.server.conftest import ServeConfig, until
 

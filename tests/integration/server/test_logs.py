@@ -7,7 +7,7 @@ import asyncio
 
 import aiohttp
 
-from llmswap.server.logs import LIVE_TAILS
+from llmswap.server.observe.logs import LIVE_TAILS
 from tests.helpers.models import demo_config, exclusive_config
 from tests.helpers.wait import eventually
 from tests.integration.server.conftest import serving

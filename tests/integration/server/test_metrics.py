@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmswap import __version__
 from llmswap.config.model import ApiKey, Config, RouterConfig, RoutingConfig, VramSettings
-from llmswap.gpu import FakeReader, GiB
+from llmswap.machine import FakeReader, GiB
 from llmswap.process.state import ProcessState
 from llmswap.router import build_router
 from llmswap.server.reload import apply_config

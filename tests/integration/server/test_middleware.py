@@ -15,7 +15,7 @@ from multidict import CIMultiDict
 from llmswap.config.model import ApiKey, Config
 from llmswap.process.state import ProcessState
 from llmswap.router import build_router
-from llmswap.server import guard, middleware
+from llmswap.server.http import guard, middleware
 from llmswap.server.state import STATE, ServerState
 from tests.helpers.models import demo_config, exclusive_config
 from tests.helpers.wait import eventually

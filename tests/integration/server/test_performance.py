@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 import aiohttp
 
 from llmswap.config.model import PerformanceConfig
-from llmswap.gpu.fake import FakeReader
-from llmswap.gpu.units import GiB
+from llmswap.machine.fake import FakeReader
+from llmswap.machine.units import GiB
 from llmswap.server.reload import apply_config
 from llmswap.server.services import Services, build_services
 from llmswap.server.state import ServerState

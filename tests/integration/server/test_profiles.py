@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 
 from llmswap.config.model import Config, ProfileConfig, SelectorConfig
-from llmswap.server.events import Event
+from llmswap.server.observe.events import Event
 from llmswap.server.reload import apply_config
 from tests.helpers.models import demo_config, exclusive_config
 from tests.integration.server.conftest import ServeConfig, Served

@@ -25,11 +25,11 @@ from llmswap.config.model import (
     SelectorConfig,
     VramSettings,
 )
-from llmswap.gpu import FakeReader, GiB
+from llmswap.machine import FakeReader, GiB
 from llmswap.process.state import ProcessState
 from llmswap.router import BaseRouter, build_router
+from llmswap.server.inference.selectors import SelectorBook
 from llmswap.server.reload import apply_config
-from llmswap.server.selectors import SelectorBook
 from tests.helpers.demo import free_port, running_demo
 from tests.helpers.models import demo_config
 from tests.integration.server.conftest import ServeConfig, Served, until

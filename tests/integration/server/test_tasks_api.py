@@ -20,7 +20,7 @@ from llmswap.config.model import (
     TaskTypeConfig,
 )
 from llmswap.server.reload import apply_config
-from llmswap.tasks.db import insert_task
+from llmswap.tasks.queue.db import insert_task
 from tests.helpers.models import demo_config
 from tests.helpers.wait import eventually
 from tests.integration.server.conftest import ServeConfig

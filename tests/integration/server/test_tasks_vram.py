@@ -26,7 +26,7 @@ from llmswap.config.model import (
     TaskTypeConfig,
     VramSettings,
 )
-from llmswap.gpu import FakeReader, GiB
+from llmswap.machine import FakeReader, GiB
 from llmswap.process.events import ProcessEvent
 from llmswap.router import build_router
 from llmswap.router.types import RouterEvent

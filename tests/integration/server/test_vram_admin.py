@@ -7,7 +7,7 @@ from pathlib import Path
 import aiohttp
 
 from llmswap.config.model import Config, RouterConfig, RoutingConfig, VramSettings
-from llmswap.gpu import FakeReader, GiB
+from llmswap.machine import FakeReader, GiB
 from llmswap.router import build_router
 from tests.helpers.models import demo_config
 from tests.integration.server.conftest import ServeConfig

@@ -14,7 +14,7 @@ import pytest
 
 from llmswap.config.model import PeerConfig, ProfileConfig, SelectorConfig
 from llmswap.process.state import ProcessState
-from llmswap.server import websocket
+from llmswap.server.inference import websocket
 from tests.helpers.demo import running_demo
 from tests.helpers.models import demo_config, exclusive_config
 from tests.integration.server.conftest import until

@@ -11,7 +11,7 @@ import asyncio
 from pathlib import Path
 
 from llmswap.config.model import Config, ModelConfig, RouterConfig, RoutingConfig, VramSettings
-from llmswap.gpu import FakeReader, GiB
+from llmswap.machine import FakeReader, GiB
 from llmswap.process.state import ProcessState
 from llmswap.router import build_router
 from llmswap.router.vram import VramRouter, looks_like_oom

@@ -17,12 +17,12 @@ from llmswap.config.model import (
     RoutingConfig,
     SchedulerConfig,
 )
-from llmswap.dispatch import Dispatcher, DispatchRecord, HeldLease, UpstreamPool
 from llmswap.router import AcquireOptions, build_router
 from llmswap.router.base import BaseRouter
 from llmswap.router.handover import successor_router
 from llmswap.router.types import NO_OPTIONS
 from llmswap.scheduler.errors import Preempted
+from llmswap.upstream import Dispatcher, DispatchRecord, HeldLease, UpstreamPool
 from tests.helpers.fake_process import FakeProcess, FakeScript, fake_factory
 
 TASK = -10  # the task queue's priority: below preemptBelow 0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 
-from llmswap.gpu import DeviceMemory, FakeReader, GiB, MiB
+from llmswap.machine import DeviceMemory, FakeReader, GiB, MiB
 
 
 def _wait_until_zombie(pid: int) -> None:
@@ -91,8 +91,8 @@ def test_fake_gpu_dir_that_does_not_exist_yet_reads_as_empty(tmp_path: Path) -> 
 
 
 def test_fake_reader_reports_the_gauges_it_was_given() -> None:
-    from llmswap.gpu.fake import FakeReader
-    from llmswap.gpu.units import GiB
+    from llmswap.machine.fake import FakeReader
+    from llmswap.machine.units import GiB
 
     reader = FakeReader((8 * GiB, 4 * GiB))
     reader.set_extra_used(0, GiB)

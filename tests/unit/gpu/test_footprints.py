@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from llmswap.config.model import Config, ModelConfig
-from llmswap.gpu import FOOTPRINTS_FILE, Footprint, FootprintBook, GiB, MiB
+from llmswap.machine import FOOTPRINTS_FILE, Footprint, FootprintBook, GiB, MiB
 
 BUDGETS = {0: 24 * GiB, 1: 24 * GiB}
 

@@ -6,7 +6,7 @@ import os
 
 import psutil
 
-from llmswap.gpu import HostReader, MiB
+from llmswap.machine import HostReader, MiB
 
 ALLOCATE_50_MIB = (
     "import sys\n"

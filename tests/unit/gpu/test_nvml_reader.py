@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from llmswap.gpu import DeviceMemory, GiB, HostReader, MiB, NvmlReader, open_reader
+from llmswap.machine import DeviceMemory, GiB, HostReader, MiB, NvmlReader, open_reader
 from tests.unit.gpu.fake_nvml import FakeGpu, FakeNvml
 
 UNRELATED_PID = 2**22 + 17  # above Linux's pid_max: never one of ours
@@ -76,7 +76,7 @@ def test_nvml_close_shuts_down_once() -> None:
 
 
 def test_open_reader_uses_nvml_when_it_sees_a_gpu(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="llmswap.gpu")
+    caplog.set_level(logging.DEBUG, logger="llmswap.machine")
     nvml = FakeNvml([FakeGpu("A", 24 * GiB)])
     reader = open_reader(nvml=nvml)
     assert isinstance(reader, NvmlReader)
@@ -87,11 +87,11 @@ def test_open_reader_uses_nvml_when_it_sees_a_gpu(caplog: pytest.LogCaptureFixtu
 def test_open_reader_falls_back_to_host_when_nvml_fails_with_one_log_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="llmswap.gpu")
+    caplog.set_level(logging.DEBUG, logger="llmswap.machine")
     reader = open_reader(nvml=FakeNvml([], init_error="Driver Not Loaded"))
     assert isinstance(reader, HostReader)
     assert reader.kind == "host"
-    records = [r for r in caplog.records if r.name.startswith("llmswap.gpu")]
+    records = [r for r in caplog.records if r.name.startswith("llmswap.machine")]
     assert len(records) == 1
     assert records[0].levelno == logging.INFO
     assert "Driver Not Loaded" in records[0].getMessage()
@@ -101,7 +101,7 @@ def test_open_reader_falls_back_to_host_when_nvml_fails_with_one_log_line(
 
 
 def test_open_reader_falls_back_when_nvml_sees_no_gpu(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="llmswap.gpu")
+    caplog.set_level(logging.DEBUG, logger="llmswap.machine")
     nvml = FakeNvml([])
     reader = open_reader(nvml=nvml)
     assert reader.kind == "host"
@@ -110,7 +110,7 @@ def test_open_reader_falls_back_when_nvml_sees_no_gpu(caplog: pytest.LogCaptureF
 
 
 def test_open_reader_warns_when_nvml_was_asked_for_and_fails(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="llmswap.gpu")
+    caplog.set_level(logging.DEBUG, logger="llmswap.machine")
     reader = open_reader(prefer="nvml", nvml=FakeNvml([], init_error="NVML Shared Library Not Found"))
     assert reader.kind == "host"
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
@@ -139,7 +139,7 @@ def test_open_reader_with_the_real_pynvml_gives_a_working_reader() -> None:
 
 
 def test_nvml_gauges_read_each_gpu_and_leave_out_what_the_board_lacks() -> None:
-    from llmswap.gpu.reader import GpuGauges, GpuReading
+    from llmswap.machine.reader import GpuGauges, GpuReading
 
     gpus = [FakeGpu("RTX A", 24 * GiB, used=2 * GiB, util=37, temperature=61, fan=44, power_mw=212_500,
                     uuid=b"GPU-aaaa"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from llmswap.gpu import FakeReader, GiB, wait_for_free
+from llmswap.machine import FakeReader, GiB, wait_for_free
 
 
 async def test_wait_for_free_returns_at_once_when_memory_is_already_free() -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from llmswap.gpu.fake import FakeReader
-from llmswap.gpu.units import GiB
-from llmswap.perf.hardware import detect
-from llmswap.perf.monitor import KEEP_SECONDS, PerformanceMonitor
+from llmswap.machine.fake import FakeReader
+from llmswap.machine.hardware import detect
+from llmswap.machine.monitor import KEEP_SECONDS, PerformanceMonitor
+from llmswap.machine.units import GiB
 
 ARCHITECTURES = ("x86_64", "arm64", "armv7", "ppc64le", "riscv64", "s390x", "other")
 

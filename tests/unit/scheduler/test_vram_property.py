@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from llmswap.gpu import FootprintBook
+from llmswap.machine import FootprintBook
 from llmswap.scheduler.errors import CannotFit
 from llmswap.scheduler.swappers.vram import DEFAULT_EVICT_COST, VramSwapper
 from tests.unit.scheduler.test_vram_swapper import M, build

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from llmswap.config.model import ModelConfig, VramSettings
-from llmswap.gpu import DeviceMemory, FootprintBook, GiB, MiB
+from llmswap.machine import DeviceMemory, FootprintBook, GiB, MiB
 from llmswap.scheduler.errors import CannotFit
 from llmswap.scheduler.swappers.vram import (
     DEFAULT_EVICT_COST,

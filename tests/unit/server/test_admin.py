@@ -6,8 +6,8 @@ from types import MappingProxyType
 from llmswap.config.model import Capabilities, Config, ModelConfig, PeerConfig
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.types import SchedulerSnapshot
-from llmswap.server.admin import model_records, running_entries
-from llmswap.server.records import render_capabilities
+from llmswap.server.admin.models import model_records, running_entries
+from llmswap.server.observe.records import render_capabilities
 
 CREATED = 1_700_000_000
 

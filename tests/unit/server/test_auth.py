@@ -5,7 +5,7 @@ import base64
 from multidict import CIMultiDict
 
 from llmswap.config.model import ApiKey
-from llmswap.server.auth import Credential, credential, find_key, is_open, without_credentials
+from llmswap.server.http.auth import Credential, credential, find_key, is_open, without_credentials
 
 KEYS = (ApiKey("sk-one"), ApiKey("sk-two", priority=5, max_concurrent=2))
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong, TransferEncodingError
 
-from llmswap.server.connections import DescriptorWarnings, parser_error_answer
+from llmswap.server.http.connections import DescriptorWarnings, parser_error_answer
 
 
 def test_oversized_heads_are_431_and_other_parser_errors_400() -> None:

@@ -17,11 +17,11 @@ from llmswap.process import ProcessEvent
 from llmswap.router import BaseRouter, SwapFinished, SwapStarted, build_router
 from llmswap.scheduler.errors import SwapFailed
 from llmswap.scheduler.types import SwapPlan
-from llmswap.server import event_feed
-from llmswap.server.event_feed import EventFeed
-from llmswap.server.event_payloads import model_status
-from llmswap.server.eventbus import Event, EventBus, Mark, Subscription
-from llmswap.server.inflight import InflightTracker, note_relayed, redacted
+from llmswap.server.inference.inflight import InflightTracker, note_relayed, redacted
+from llmswap.server.observe import event_feed
+from llmswap.server.observe.event_feed import EventFeed
+from llmswap.server.observe.event_payloads import model_status
+from llmswap.server.observe.eventbus import Event, EventBus, Mark, Subscription
 from llmswap.server.state import ServerState
 from tests.helpers.fake_process import FakeScript, fake_factory
 from tests.helpers.wait import eventually
@@ -239,7 +239,8 @@ def test_the_snapshot_describes_every_model_with_its_counts():
 def test_a_reload_ends_the_open_streams_and_the_new_router_is_observed():
     state, feed = feed_for(model("a"))
     listener = feed.bus.subscribe()
-    state.router = router_for(model("a"), model("c"))
+    replacement = router_for(model("a"), model("c"))
+    state.install(replacement, replacement.config)
     assert drain(listener) == [Mark.CLOSED]
     later = feed.bus.subscribe()
     tell(state.router, ProcessEvent("c", "starting"))

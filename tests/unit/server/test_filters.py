@@ -6,7 +6,7 @@ import copy
 from types import MappingProxyType
 
 from llmswap.config.model import Filters
-from llmswap.dispatch.filters import FilterPlan, apply_plan, delete_path, plan_for, set_path, split_path
+from llmswap.upstream.filters import FilterPlan, apply_plan, delete_path, plan_for, set_path, split_path
 
 
 def filters(

@@ -7,7 +7,7 @@ import pytest
 
 from llmswap.config.model import Config
 from llmswap.config.origins import parse_host_pattern, parse_origin_pattern
-from llmswap.server.guard import (
+from llmswap.server.http.guard import (
     DEFAULT_ALLOW_HEADERS,
     Verdict,
     is_loopback_listener,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from llmswap.config.model import Capabilities, ModelConfig
-from llmswap.server.guardrails import (
+from llmswap.server.inference.guardrails import (
     BYTES_PER_TOKEN,
     REPORTED,
     context_limit,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from llmswap.server.loading import (
+from llmswap.server.inference.loading import (
     ANTHROPIC,
     CHAT,
     COMPLETION,
@@ -15,7 +15,7 @@ from llmswap.server.loading import (
     dialect_for,
     pieces,
 )
-from llmswap.server.proxy import openai_sse_error
+from llmswap.server.inference.proxy import openai_sse_error
 from tests.helpers.sse import parse_events
 
 

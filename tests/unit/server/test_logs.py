@@ -4,7 +4,7 @@ import itertools
 
 from llmswap.config.model import Config, ModelConfig
 from llmswap.process.logring import LogRing
-from llmswap.server.logs import as_text, merged_history, rings_for
+from llmswap.server.observe.logs import as_text, merged_history, rings_for
 
 
 def ticking_clock(start: float = 100.0):

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from llmswap.process.logring import LogRing
-from llmswap.server.logsetup import (
+from llmswap.server.observe.logsetup import (
     PROXY_LOGGER,
     TIME_LAYOUTS,
     UPSTREAM_LOGGER,

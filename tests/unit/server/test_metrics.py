@@ -6,14 +6,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmswap import __version__
 from llmswap.config.model import Config, ModelConfig
-from llmswap.gpu import FakeReader, GiB
+from llmswap.machine import FakeReader, GiB
 from llmswap.process import ProcessEvent
 from llmswap.router import BaseRouter, SwapFinished, SwapStarted, build_router
 from llmswap.scheduler.errors import SwapFailed
 from llmswap.scheduler.types import SwapPlan
-from llmswap.server.metrics import ServerMetrics
+from llmswap.server.inference.websocket import OpenSockets
+from llmswap.server.observe.metrics import ServerMetrics
 from llmswap.server.state import ServerState
-from llmswap.server.websocket import OpenSockets
 from tests.helpers.fake_process import FakeScript, fake_factory
 
 
@@ -102,7 +102,7 @@ def test_router_counters_are_read_at_scrape_time_and_survive_a_reload():
     assert value(metrics, "llmswap_swaps_total", rule="fifo.head") == 3
 
     new = router_for("a", "b")
-    state.router = new  # what a config reload does
+    state.install(new, new.config)  # what a config reload does
     new.stats.swaps_by_rule["fifo.head"] = 1
     new.stats.evictions["b"] = 1
     new.scheduler.stats.count("queue_full_model")
@@ -116,7 +116,8 @@ def test_router_counters_are_read_at_scrape_time_and_survive_a_reload():
 
 def test_a_reloaded_router_is_observed_too():
     state, metrics = served("a")
-    state.router = router_for("a")
+    replacement = router_for("a")
+    state.install(replacement, replacement.config)
     tell(state.router, ProcessEvent("a", "starting"))
     assert value(metrics, "llmswap_model_starts_total", model="a") == 1
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from llmswap.server.middleware import (
+from llmswap.server.http.middleware import (
     CLIENT_GONE,
     AccessRecord,
     Answered,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llmswap.config.model import Config, PeerConfig
-from llmswap.server.peers import peer_headers, peer_models, resolve_peer
+from llmswap.server.inference.peers import peer_headers, peer_models, resolve_peer
 
 
 def config(*peers: PeerConfig) -> Config:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 from llmswap.config.model import ModelConfig
-from llmswap.dispatch.filters import FilterPlan, local_plan
-from llmswap.server.inference import outgoing_body
-from llmswap.server.proxy import upstream_url
-from llmswap.server.resolve import identify
+from llmswap.server.inference.proxy import upstream_url
+from llmswap.server.inference.resolve import identify
+from llmswap.server.inference.routes import outgoing_body
+from llmswap.upstream.filters import FilterPlan, local_plan
 
 
 def test_upstream_url_keeps_the_base_path_and_the_raw_query() -> None:

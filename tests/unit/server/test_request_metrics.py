@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client import metrics as client_metrics
 from prometheus_client.registry import DuplicateTimeseries
 
-from llmswap.server.middleware import Answered
-from llmswap.server.request_metrics import (
+from llmswap.server.http.middleware import Answered
+from llmswap.server.observe.request_metrics import (
     DURATION,
     FIRST_BYTE,
     QUEUE_WAIT,

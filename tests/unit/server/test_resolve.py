@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from llmswap.server.resolve import MalformedRequest, identify, multipart_parts, renamed
+from llmswap.server.inference.resolve import MalformedRequest, identify, multipart_parts, renamed
 
 JSON = "application/json"
 

@@ -10,7 +10,7 @@ from llmswap.process.state import ProcessState
 from llmswap.scheduler.batch import BatchScheduler
 from llmswap.scheduler.swappers.group import GroupSwapper
 from llmswap.scheduler.types import ModelLoad
-from llmswap.server.selectors import Choice, NoTarget, TargetView, choose
+from llmswap.server.inference.selectors import Choice, NoTarget, TargetView, choose
 from tests.unit.scheduler.fakes import FakeEffects, ManualClock, RequestFactory
 
 READY, STARTING = ProcessState.READY, ProcessState.STARTING

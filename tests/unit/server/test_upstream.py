@@ -1,7 +1,7 @@
 """Which model an `/upstream/...` path addresses, and which paths `ignorePaths` covers (no event loop)."""
 
 from llmswap.config.model import DEFAULT_UPSTREAM_IGNORE_PATHS, Config, ModelConfig, PeerConfig
-from llmswap.server.upstream import UpstreamTarget, find_target, ignored
+from llmswap.server.inference.passthrough import UpstreamTarget, find_target, ignored
 
 
 def model(model_id: str) -> ModelConfig:

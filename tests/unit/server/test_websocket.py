@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from llmswap.server.websocket import GOING_AWAY, is_upgrade, relayable_close_code
+from llmswap.server.inference.websocket import GOING_AWAY, is_upgrade, relayable_close_code
 
 
 @pytest.mark.parametrize(

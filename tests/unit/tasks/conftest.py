@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from llmswap.tasks.db import init_db
-from llmswap.tasks.execution import RunTaskFn
-from llmswap.tasks.scheduler import TaskScheduler, reset_scheduler
+from llmswap.tasks.peregrine.scheduler import TaskScheduler, reset_scheduler
+from llmswap.tasks.queue.db import init_db
+from llmswap.tasks.queue.execution import RunTaskFn
 from tests.unit.tasks.helpers import WAIT, RecordingRunTask, SchedulerFactory
 
 

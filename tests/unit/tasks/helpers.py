@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmswap.tasks.db import insert_task
-from llmswap.tasks.scheduler import BATCH_THREAD_PREFIX, LOOP_THREAD_NAME, TaskScheduler
+from llmswap.tasks.peregrine.scheduler import BATCH_THREAD_PREFIX, LOOP_THREAD_NAME, TaskScheduler
+from llmswap.tasks.queue.db import insert_task
 
 SchedulerFactory = Callable[..., TaskScheduler]  # the `make_scheduler` fixture
 

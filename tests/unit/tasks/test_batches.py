@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-import llmswap.tasks.batches as batches_module
+import llmswap.tasks.batch_api.batches as batches_module
 from llmswap.config.model import Config, ModelConfig, TasksConfig
-from llmswap.tasks import batch_store as store
-from llmswap.tasks.batch_input import answered, jsonl, parse_input, unanswered
-from llmswap.tasks.batches import EXPIRED_ERROR, Batches, _record
-from llmswap.tasks.db import (
+from llmswap.tasks.batch_api import store
+from llmswap.tasks.batch_api.batches import EXPIRED_ERROR, Batches, _record
+from llmswap.tasks.batch_api.files import answered, jsonl, parse_input, unanswered
+from llmswap.tasks.queue.db import (
     CANCELLED_ERROR,
     INTERRUPTED_ERROR,
     TaskStatus,
@@ -24,7 +24,7 @@ from llmswap.tasks.db import (
     insert_tasks,
     job_tasks,
 )
-from llmswap.tasks.preemption import requeue_preempted
+from llmswap.tasks.queue.preemption import requeue_preempted
 
 CHAT = "/v1/chat/completions"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmswap.tasks.db import (
+from llmswap.tasks.queue.db import (
     CANCELLED_ERROR,
     TaskDatabaseError,
     TaskStatus,

@@ -5,7 +5,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from llmswap.tasks.db import (
+from llmswap.tasks.peregrine.runner import submit_task
+from llmswap.tasks.peregrine.scheduler import UNLIMITED_VRAM_GB, get_scheduler
+from llmswap.tasks.queue.db import (
     INTERRUPTED_ERROR,
     TaskRow,
     TaskStatus,
@@ -14,9 +16,7 @@ from llmswap.tasks.db import (
     insert_task,
     reset_running_tasks,
 )
-from llmswap.tasks.execution import default_run_task, make_run_task
-from llmswap.tasks.runner import submit_task
-from llmswap.tasks.scheduler import UNLIMITED_VRAM_GB, get_scheduler
+from llmswap.tasks.queue.execution import default_run_task, make_run_task
 from tests.unit.tasks.helpers import WAIT, wait_until
 
 

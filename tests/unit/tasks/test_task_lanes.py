@@ -8,8 +8,8 @@ import asyncio
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
-from llmswap.tasks.db import TaskRow, get_task, init_db, insert_task
-from llmswap.tasks.lanes import Chooser, TaskLanes, claiming
+from llmswap.tasks.queue.db import TaskRow, get_task, init_db, insert_task
+from llmswap.tasks.queue.lanes import Chooser, TaskLanes, claiming
 from tests.helpers.wait import eventually
 
 

@@ -8,7 +8,7 @@ import sqlite3
 from pathlib import Path
 
 from llmswap.scheduler.errors import Preempted
-from llmswap.tasks.db import (
+from llmswap.tasks.queue.db import (
     TaskRow,
     TaskStatus,
     cancel_task,
@@ -20,8 +20,8 @@ from llmswap.tasks.db import (
     queued_tasks,
     reset_running_tasks,
 )
-from llmswap.tasks.lanes import TaskLanes, claiming
-from llmswap.tasks.preemption import requeue_preempted
+from llmswap.tasks.queue.lanes import TaskLanes, claiming
+from llmswap.tasks.queue.preemption import requeue_preempted
 from tests.helpers.wait import eventually
 
 

@@ -20,7 +20,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from llmswap.tasks.db import (
+from llmswap.tasks.peregrine.runner import submit_task
+from llmswap.tasks.peregrine.scheduler import LLM_TASK_TYPES, TaskScheduler, get_scheduler, reset_scheduler
+from llmswap.tasks.queue.db import (
     CANCELLED_ERROR,
     INTERRUPTED_ERROR,
     QUEUE_FULL_ERROR,
@@ -31,9 +33,7 @@ from llmswap.tasks.db import (
     list_tasks,
     reset_running_tasks,
 )
-from llmswap.tasks.execution import make_run_task
-from llmswap.tasks.runner import submit_task
-from llmswap.tasks.scheduler import LLM_TASK_TYPES, TaskScheduler, get_scheduler, reset_scheduler
+from llmswap.tasks.queue.execution import make_run_task
 from tests.unit.tasks.helpers import WAIT, wait_until
 
 TASK_TYPES = ("cover_letter", "company_research", "wizard_generate", "discovery")

@@ -15,21 +15,9 @@ from pathlib import Path
 
 import pytest
 
-import llmswap.tasks.scheduler as scheduler_module
-from llmswap.tasks.db import (
-    CANCELLED_ERROR,
-    INTERRUPTED_ERROR,
-    QUEUE_FULL_ERROR,
-    TaskStatus,
-    cancel_task,
-    claim_task,
-    get_task,
-    insert_task,
-    reset_running_tasks,
-    update_task_status,
-)
-from llmswap.tasks.runner import FREE_THREAD_PREFIX, submit_task
-from llmswap.tasks.scheduler import (
+import llmswap.tasks.peregrine.scheduler as scheduler_module
+from llmswap.tasks.peregrine.runner import FREE_THREAD_PREFIX, submit_task
+from llmswap.tasks.peregrine.scheduler import (
     BATCH_THREAD_PREFIX,
     DEFAULT_VRAM_BUDGETS,
     LLM_TASK_TYPES,
@@ -40,6 +28,18 @@ from llmswap.tasks.scheduler import (
     detect_available_vram,
     get_scheduler,
     reset_scheduler,
+)
+from llmswap.tasks.queue.db import (
+    CANCELLED_ERROR,
+    INTERRUPTED_ERROR,
+    QUEUE_FULL_ERROR,
+    TaskStatus,
+    cancel_task,
+    claim_task,
+    get_task,
+    insert_task,
+    reset_running_tasks,
+    update_task_status,
 )
 from tests.unit.tasks.helpers import (
     WAIT,
@@ -564,16 +564,16 @@ class _FakeNvmlReader:
 def test_available_vram_read_once_through_gpu_module(
     monkeypatch: pytest.MonkeyPatch, kind: str, totals: list[int], expected: float
 ) -> None:
-    # NVML needs a GPU: this stands in for llmswap.gpu behind its own interface
+    # NVML needs a GPU: this stands in for llmswap.machine behind its own interface
     reader = _FakeNvmlReader(kind, totals)
-    fake_gpu = types.ModuleType("llmswap.gpu")
+    fake_gpu = types.ModuleType("llmswap.machine")
     fake_gpu.open_reader = lambda: reader  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "llmswap.gpu", fake_gpu)
+    monkeypatch.setitem(sys.modules, "llmswap.machine", fake_gpu)
 
     assert detect_available_vram() == expected
     assert reader.closed
 
 
 def test_available_vram_without_gpu_module_is_unlimited(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "llmswap.gpu", types.ModuleType("llmswap.gpu"))
+    monkeypatch.setitem(sys.modules, "llmswap.machine", types.ModuleType("llmswap.machine"))
     assert detect_available_vram() == UNLIMITED_VRAM_GB

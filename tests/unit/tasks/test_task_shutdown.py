@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llmswap.tasks.scheduler import UNLIMITED_VRAM_GB, TaskScheduler
+from llmswap.tasks.peregrine.scheduler import UNLIMITED_VRAM_GB, TaskScheduler
 from tests.unit.tasks.helpers import WAIT, RecordingRunTask
 
 

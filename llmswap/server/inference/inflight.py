@@ -1,0 +1,193 @@
+"""The requests in flight, as llama-swap's `inflight` events show them: one entry per model-routed request
+(the inference routes, and `/upstream/<model>/<path>` when the path is itself an inference route) from the
+moment its model is known until its handler returns.
+
+An entry holds what the request said (method, path, headers with credentials redacted, client address) and
+what has gone back so far (response headers once sent, body bytes relayed). The tracker tells its listeners
+(the events feed) `upsert` when an entry is added and when its response headers go out, and `remove` when
+it ends; byte progress is read by whoever publishes, at its own pace (see `EventFeed`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+from llmswap.activity.captures import redacted
+from llmswap.server.http.middleware import note_first_byte
+
+
+def remote_ip(request: web.BaseRequest) -> str:
+    """The client's address as llama-swap shows it: X-Forwarded-For's first element, X-Real-IP, the socket."""
+    return _remote_ip(request.headers, request.remote)
+
+
+def _remote_ip(headers: Mapping[str, str], peer: str | None) -> str:
+    forwarded = headers.get("X-Forwarded-For", "").split(",")[0].strip()
+    return forwarded or headers.get("X-Real-IP", "").strip() or (peer or "")
+
+
+@dataclass(slots=True)
+class InflightEntry:
+    id: str
+    started: float  # wall clock, for the timestamp
+    started_monotonic: float
+    model: str
+    req_path: str
+    method: str
+    # The headers as received and as sent: redacted only when shown, so an untracked moment costs nothing.
+    request_headers: Mapping[str, str]
+    response_headers: Mapping[str, str] | None = None
+    resp_bytes: int = 0
+    # For `cut`: the task serving the request, the response once it went out, and why llmswap ended it.
+    task: asyncio.Task[Any] | None = None
+    response: web.StreamResponse | None = None
+    cut: Cut | None = None
+    # While in flight: the request, read for the client's address only when the entry is shown; once let
+    # go, the socket's address it had (the headers' addresses are in `request_headers`).
+    request: web.BaseRequest | None = None
+    peer: str | None = None
+    tracker: InflightTracker | None = field(default=None, repr=False)  # the tracker it is in
+    # The timestamp and request headers as shown, made the first time the entry is (they never change;
+    # an entry is shown at least twice while a stream is open).
+    shown: tuple[str, dict[str, str]] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def as_dict(self, now_monotonic: float) -> dict[str, Any]:
+        if self.shown is None:
+            stamp = datetime.fromtimestamp(self.started, UTC).isoformat().replace("+00:00", "Z")
+            self.shown = (stamp, redacted(self.request_headers))
+        stamp, request_headers = self.shown
+        peer = self.request.remote if self.request is not None else self.peer
+        return {
+            "id": self.id, "timestamp": stamp, "model": self.model, "req_path": self.req_path,
+            "method": self.method, "req_headers": request_headers,
+            "remote_ip": _remote_ip(self.request_headers, peer),
+            "resp_headers": redacted(self.response_headers or {}), "resp_bytes": self.resp_bytes,
+            "elapsed_ms": int((now_monotonic - self.started_monotonic) * 1000),
+        }
+
+
+# Told ("upsert" | "remove", entry) on every change. Must not block.
+InflightListener = Callable[[str, InflightEntry], None]
+ENTRY: web.RequestKey[InflightEntry] = web.RequestKey("llmswap_inflight", InflightEntry)
+
+
+class InflightTracker:
+    """The app's entries, by id, in the order they began."""
+
+    def __init__(self, *, wall_clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._ids = itertools.count(1)
+        self._entries: dict[str, InflightEntry] = {}
+        self.listeners: list[InflightListener] = []
+        self.wall_clock = wall_clock
+        self.monotonic = monotonic
+
+    def entries(self) -> list[InflightEntry]:
+        return list(self._entries.values())
+
+    def _tell(self, operation: str, entry: InflightEntry) -> None:
+        for listener in tuple(self.listeners):
+            listener(operation, entry)
+
+    def open(self, request: web.Request, model: str, path: str | None = None,
+             task: asyncio.Task[Any] | None = None) -> InflightEntry:
+        """Add an entry for `request` (routed to `model`; `path` as shown, default the request's), served by
+        `task` (default: the current one); `close` it when the
+        request ends."""
+        entry = InflightEntry(
+            str(next(self._ids)), self.wall_clock(), self.monotonic(), model,
+            request.path if path is None else path, request.method, request.headers,
+            task=task or asyncio.current_task(), request=request, tracker=self,
+        )
+        self._entries[entry.id] = entry
+        request[ENTRY] = entry
+        if self.listeners:
+            self._tell("upsert", entry)
+        return entry
+
+    def close(self, entry: InflightEntry) -> None:
+        if self._entries.pop(entry.id, None) is None:
+            return
+        request = entry.request
+        if request is not None:
+            request.pop(ENTRY, None)
+            entry.peer = request.remote  # what `as_dict` shows once the request is let go
+            entry.request = None
+        if self.listeners:
+            self._tell("remove", entry)
+
+    def responded(self, entry: InflightEntry, response: web.StreamResponse) -> None:
+        if entry.response_headers is None and entry.id in self._entries:
+            entry.response = response
+            entry.response_headers = response.headers
+            if self.listeners:
+                self._tell("upsert", entry)
+
+    def cancel(self, entry_id: str) -> bool:
+        """End the request `entry_id` (`POST /api/inflight/{id}/cancel`); False when no such request is in
+        flight."""
+        entry = self._entries.get(entry_id)
+        return entry is not None and self.cut(entry, Cut(CANCELLED_STATUS, cancelled_message(entry_id),
+                                                         "cancelled"))
+
+    def cut_all(self, cut: Cut) -> int:
+        """End every request in flight for the same reason (the end of a shutdown's grace); how many."""
+        return sum(self.cut(entry, cut) for entry in list(self._entries.values()))
+
+    def cut(self, entry: InflightEntry, cut: Cut) -> bool:
+        """End `entry`'s request: its serving task is cancelled, and the code that serves it (see
+        `llmswap.server.inference.cancel`) gives the client a clean end that says why. False when it
+        already ended."""
+        if entry.task is None or entry.task.done():
+            return False
+        if entry.cut is None:
+            entry.cut = cut
+            entry.task.cancel()
+        return True
+
+
+CANCELLED_STATUS = 502  # what llama-swap's activity shows for a cancelled request; the body says why
+
+
+def cancelled_message(entry_id: str) -> str:
+    return f"the request was cancelled through /api/inflight/{entry_id}/cancel"
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Why llmswap itself ended a request in flight: what its client, its activity row and the access log
+    are told."""
+
+    status: int  # the error's status (the response's, when nothing was sent yet)
+    message: str
+    reason: str  # one word for the access log's `cut=`: "cancelled", "shutdown"
+
+
+INFLIGHT: web.AppKey[InflightTracker] = web.AppKey("llmswap_inflight", InflightTracker)
+
+
+def note_relayed(request: web.BaseRequest, size: int) -> None:
+    """`size` bytes of the upstream's answer went to the client: the access record's first byte, the
+    in-flight entry's byte count."""
+    note_first_byte(request)
+    entry = request.get(ENTRY)
+    if entry is not None:
+        entry.resp_bytes += size
+
+
+async def _on_prepare(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    entry = request.get(ENTRY)
+    if entry is not None and entry.tracker is not None:
+        entry.tracker.responded(entry, response)
+
+
+def setup(app: web.Application) -> None:
+    app.on_response_prepare.append(_on_prepare)

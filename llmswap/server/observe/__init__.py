@@ -1,0 +1,1 @@
+"""What the server shows about itself: events, metrics, activity, performance, logs, the status page."""

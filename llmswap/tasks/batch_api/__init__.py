@@ -1,0 +1,1 @@
+"""OpenAI's Batch and Files API over the task queue."""

@@ -1,0 +1,332 @@
+"""Server mode of the task queue: the `tasks:` section's types run through the proxy's own router.
+
+The task queue is a client of the router: its lanes (`lanes.py`, asyncio, on the server's loop) send each
+task's params (an OpenAI request body) down the one dispatch path HTTP requests take, so tasks share
+swapping, queueing, priorities, filters and timeouts with HTTP traffic (at `tasks.priority`, below
+interactive requests by default). Each request carries its type's queue depth as a backlog hint, so which
+type runs next and which run side by side is the router's scheduler's and swapper's answer. A lane takes
+the router's grant first and only then claims the task's row, so a task waiting for its model is still
+`queued` (a restart runs it, instead of failing it as interrupted). Rows written
+by the CLI while the server runs are picked up by a poll of the database. The OpenAI Batch API
+(`batches.py`) adds `batch:<model>` types beside the configured ones, and the same poll finishes the
+batches whose requests are all done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import json
+import logging
+from collections.abc import Callable, Coroutine, Mapping
+from pathlib import Path
+from typing import Any
+
+from llmswap.config.model import Config, TasksConfig
+from llmswap.router import AcquireOptions
+from llmswap.scheduler.errors import Preempted, SchedulerError, ShuttingDown
+from llmswap.tasks.batch_api.batches import Batches
+from llmswap.tasks.batch_api.store import BATCH_TYPE_PREFIX, batch_types_queued, init_batch_tables
+from llmswap.tasks.queue.db import (
+    TaskRow,
+    TaskStatus,
+    cancel_task,
+    fail_unfinished_task,
+    get_task,
+    init_db,
+    insert_task,
+    queued_tasks,
+    reset_running_tasks,
+    task_stats,
+)
+from llmswap.tasks.queue.lanes import Queued, TaskLanes, claiming, log_failure, requeue_preempted_task
+from llmswap.upstream import Dispatcher, UpstreamUnreachable
+from llmswap.upstream.dispatcher import Lease, Origin
+
+log = logging.getLogger("llmswap.tasks")
+
+
+# The router's grant a lane holds for the task in hand, set around its claim and POST (in the lane's task).
+_GRANT: contextvars.ContextVar[Lease | None] = contextvars.ContextVar("llmswap_task_grant", default=None)
+
+
+class TaskError(Exception):
+    """A task's request failed: the message is stored as the row's error."""
+
+
+class UnknownTaskType(ValueError):
+    pass
+
+
+def endpoint_for(params: Mapping[str, Any]) -> str:
+    """The OpenAI route a task's body is meant for, from its shape (an explicit `endpoint` wins)."""
+    explicit = params.get("endpoint")
+    if isinstance(explicit, str) and explicit.startswith("/"):
+        return explicit
+    if "messages" in params:
+        return "/v1/chat/completions"
+    if "input" in params:
+        return "/v1/embeddings"
+    if "prompt" in params:
+        return "/v1/completions"
+    raise TaskError(
+        "params must be an OpenAI request body with messages, prompt or input "
+        "(or name its route in an `endpoint` field)"
+    )
+
+
+class TaskService:
+    """Owns the task lanes of one server; `router_of()` gives the live router (it changes on reload).
+
+    A config reload reaches it through `reconfigure`: types, models, priority and queue depth change in
+    place, without stopping a batch that is running. A reload without `tasks:` disables the queue (rows
+    stay in the database); `tasks.db` itself only changes with a restart. Every method runs on the event
+    loop; the database work goes to worker threads.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        router_of: Callable[[], Any],
+        dispatcher: Dispatcher,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        poll_interval: float = 1.0,
+    ) -> None:
+        assert config.tasks is not None
+        self.tasks: TasksConfig = config.tasks
+        self.db: Path = self.tasks.db
+        self._router_of = router_of
+        self.dispatcher = dispatcher
+        self._loop = loop
+        self._poll_interval = poll_interval
+        self._poller: asyncio.Task[None] | None = None
+        self.enabled = True  # False after a reload dropped the `tasks:` section
+        # `batch:<model>` task types of the Batch API in use (type -> model): they outlive reloads.
+        self._batch_types: dict[str, str] = {}
+        self.lanes = TaskLanes(
+            self.db, self._run_item, max_queue_depth=self.tasks.max_queue_depth,
+        )
+        self.batches = Batches(self)
+        self._claim_and_run = claiming(self.db, self._run, max_preemptions=lambda: self.tasks.max_preemptions,
+                                       on_preempted=self.lanes.preempted)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Fail what a crash left running and prepare the database (before any request is served: at
+        startup, or inside the reload that adds `tasks:`), then load what was queued and start polling."""
+        init_db(self.db)
+        init_batch_tables(self.db)
+        interrupted = reset_running_tasks(self.db)
+        if interrupted:
+            log.warning("tasks: %d task(s) were running when llmswap stopped; marked failed", interrupted)
+        # Batches queued before a restart carry on: their types must be known before the rows load.
+        self._batch_types = {t: t[len(BATCH_TYPE_PREFIX):] for t in batch_types_queued(self.db)}
+        self._after(self.lanes.load(self.lanes.set_types(self._all_types(), self.tasks.max_queue_depth)))
+        self._poller = self._loop.create_task(self._poll_database(), name="tasks-db-poll")
+        log.info("tasks: %s, types %s", self.db, sorted(self.tasks.types))
+
+    def _after(self, work: Coroutine[Any, Any, None]) -> None:
+        self._loop.create_task(work).add_done_callback(log_failure("loading the queued tasks"))
+
+    def reconfigure(self, config: Config) -> None:
+        """Follow a reloaded config (see the class docstring)."""
+        tasks = config.tasks
+        if tasks is None:
+            if self.enabled:
+                log.warning("tasks: the reloaded config has no `tasks:` section; the task queue is off "
+                            "(queued tasks stay in %s; running batches finish the task in hand)", self.db)
+            tasks = dataclasses.replace(self.tasks, types={})
+            self.enabled = False
+        else:
+            self.enabled = True
+            if tasks.db.resolve() != self.db.resolve():
+                log.error("tasks: tasks.db changed from %s to %s; that takes a restart, the queue keeps "
+                          "using %s", self.db, tasks.db, self.db)
+                tasks = dataclasses.replace(tasks, db=self.db)
+        if tasks == self.tasks:
+            return
+        self.tasks = tasks
+        self._after(self.lanes.load(self.lanes.set_types(self._all_types(), tasks.max_queue_depth)))
+        if self.enabled:
+            log.info("tasks: reconfigured: types %s, priority %d", sorted(tasks.types), tasks.priority)
+
+    def add_batch_types(self, types: Mapping[str, str]) -> None:
+        """Make `batch:<model>` types (type -> model) known to the lanes, like any configured type.
+
+        Called from the worker thread that creates a batch: the change hops onto the loop, ahead of the
+        batch's rows (`enqueue_threadsafe` keeps that order)."""
+        new = {name: model for name, model in types.items() if name not in self._batch_types}
+        if new:
+            self._batch_types.update(new)
+            self._loop.call_soon_threadsafe(self.lanes.set_types, self._all_types())
+
+    def _all_types(self) -> list[str]:
+        return [*self.tasks.types, *self._batch_types]
+
+    def router_of(self) -> Any:
+        return self._router_of()
+
+    async def shutdown(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        await self.lanes.shutdown(5.0)
+
+    # ------------------------------------------------------------------ API
+
+    def enqueue_threadsafe(self, task_id: int, task_type: str, job_id: int) -> None:
+        """Queue a row written from a worker thread (a batch being created): on the loop, in call order."""
+        self._loop.call_soon_threadsafe(lambda: self.lanes.enqueue(task_id, task_type, job_id, bounded=False))
+
+    def discard_threadsafe(self, task_id: int) -> None:
+        self._loop.call_soon_threadsafe(self.lanes.discard, task_id)
+
+    async def submit(self, task_type: str, job_id: int | None, params: Any) -> tuple[int, bool]:
+        if task_type not in self.tasks.types:
+            known = ", ".join(sorted(self.tasks.types)) or "none configured"
+            raise UnknownTaskType(f"unknown task type {task_type!r} (configured: {known})")
+        # Without a job id every submission is its own task; with one, a duplicate of a queued or
+        # running (type, job) is not queued again (the seed's dedupe).
+        task_id, is_new = await asyncio.to_thread(
+            insert_task, self.db, task_type, job_id or 0, params, dedupe=job_id is not None
+        )
+        if is_new:
+            self.lanes.enqueue(task_id, task_type, job_id or 0)
+        return task_id, is_new
+
+    async def cancel(self, task_id: int) -> bool:
+        cancelled = await asyncio.to_thread(cancel_task, self.db, task_id)
+        if cancelled:
+            self.lanes.discard(task_id)
+        return cancelled
+
+    async def stats(self) -> dict[str, Any]:
+        snap = self.lanes.snapshot()
+        return {
+            "counts": await asyncio.to_thread(task_stats, self.db),
+            "queue_depths": dict(snap.queue_depths),
+            "active_batches": list(snap.active_types),
+            "batches_started": dict(snap.batches_started),
+            "preempted": {"requeued": dict(snap.requeued), "gave_up": dict(snap.gave_up)},
+        }
+
+    async def _poll_database(self) -> None:
+        # `llmswap tasks submit` writes rows straight into the database; enqueue those we have not seen.
+        while True:
+            await asyncio.sleep(self._poll_interval)
+            try:
+                rows = await asyncio.to_thread(queued_tasks, self.db, set(self.tasks.types))
+            except Exception:
+                log.exception("tasks: polling %s failed", self.db)
+                continue
+            pending = self.lanes.pending_ids()
+            for row in rows:
+                # A reload may have dropped the row's type while the database was read.
+                if row.id not in pending and self.lanes.handles(row.task_type):
+                    self.lanes.enqueue(row.id, row.task_type, row.job_id)
+            try:
+                await asyncio.to_thread(self.batches.tick)
+            except Exception:
+                log.exception("tasks: checking the batches in %s failed", self.db)
+
+    # ------------------------------------------------------------------ running one task
+
+    def model_of(self, task_type: str) -> str | None:
+        """The model a task type's tasks go to (None: a type a reload removed)."""
+        if task_type.startswith(BATCH_TYPE_PREFIX):
+            return task_type[len(BATCH_TYPE_PREFIX):]
+        configured = self.tasks.types.get(task_type)
+        return configured.model if configured is not None else None
+
+    async def _run_item(self, task_type: str, item: Queued) -> None:
+        """Wait for the router's grant, telling it the type's queue depth; then claim the row and run it."""
+        model = self.model_of(task_type)
+        if model is None:
+            await self._claim_and_run(task_type, item)  # fails the row: its type is gone
+            return
+        origin: Origin = "batch" if task_type.startswith(BATCH_TYPE_PREFIX) else "task"
+        while True:
+            try:
+                asking = AcquireOptions(
+                    priority=self.tasks.priority,
+                    backlog=lambda: self.lanes.depth(task_type),  # what the lane has queued behind this task
+                )
+                async with self.dispatcher.lease(model, asking, origin=origin) as lease:
+                    token = _GRANT.set(lease)
+                    try:
+                        await self._claim_and_run(task_type, item)
+                    finally:
+                        _GRANT.reset(token)
+                return
+            except Preempted as exc:
+                row = await asyncio.to_thread(get_task, self.db, item.id)
+                if row is not None and row.status is TaskStatus.QUEUED:
+                    continue  # preempted before its row was claimed: it never started; ask again
+                # Its upstream call was abandoned: the attempt did not run, the row goes back to the head.
+                await requeue_preempted_task(self.db, task_type, item, exc, self.tasks.max_preemptions,
+                                             self.lanes.preempted)
+                return
+            except ShuttingDown:
+                log.info("task %d (%s) stays queued: the router is shutting down", item.id, task_type)
+                return
+            except SchedulerError as exc:  # the router refused it (unknown model, a limit...)
+                log.warning("task %d (%s) failed: %s", item.id, task_type, exc)
+                await self._fail(item.id, exc)
+                return
+
+    async def _fail(self, task_id: int, exc: Exception) -> None:
+        await asyncio.to_thread(fail_unfinished_task, self.db, task_id, f"{type(exc).__name__}: {exc}")
+
+    async def _run(self, row: TaskRow) -> Any:
+        if row.task_type.startswith(BATCH_TYPE_PREFIX):
+            return await self.batches.run(row, _GRANT.get())
+
+        task_type = self.tasks.types.get(row.task_type)
+        if task_type is None:
+            raise TaskError(f"task type {row.task_type!r} was removed from the config by a reload")
+        params = row.params if isinstance(row.params, dict) else {}
+        path = endpoint_for(params)
+        body = {k: v for k, v in params.items() if k != "endpoint"}
+        requested = str(body.get("model") or task_type.model)
+        body["model"] = requested
+        body["stream"] = False
+        try:
+            answer = await self.dispatcher.post_json(
+                task_type.model, path, body, requested=requested, origin="task", priority=self.tasks.priority,
+                lease=_GRANT.get(),
+            )
+        except UpstreamUnreachable as exc:
+            raise TaskError(str(exc)) from exc
+        if answer.status != 200:
+            raise TaskError(f"{task_type.model} answered {answer.status}: {answer.text[:500]}")
+        try:
+            json.loads(answer.text)
+        except ValueError as exc:
+            raise TaskError(f"{task_type.model} answered non-JSON: {answer.text[:200]}") from exc
+        return answer.text
+
+
+def row_json(row: TaskRow) -> dict[str, Any]:
+    """A task row as the HTTP API shows it."""
+    result: Any = row.result
+    if isinstance(result, str):
+        try:
+            result = json.loads(result)
+        except ValueError:
+            pass
+    return {
+        "id": row.id,
+        "type": row.task_type,
+        "job_id": row.job_id,
+        "status": row.status.value if isinstance(row.status, TaskStatus) else str(row.status),
+        "params": row.params,
+        "result": result,
+        "error": row.error,
+        "created_at": row.created_at,
+        "started_at": row.started_at,
+        "finished_at": row.finished_at,
+        "preemptions": row.preemptions,
+    }

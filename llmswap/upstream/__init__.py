@@ -1,0 +1,28 @@
+"""The one dispatch path below the HTTP routes and the task queue: pool, filters, forward, recording.
+
+Imports run down the layers: `llmswap.server` and `llmswap.tasks` use this package; it uses the router.
+"""
+
+from llmswap.upstream.dispatcher import (
+    Dispatcher,
+    DispatchObserver,
+    DispatchRecord,
+    HeldLease,
+    Lease,
+    Origin,
+    UpstreamAnswer,
+    UpstreamUnreachable,
+)
+from llmswap.upstream.pool import UpstreamPool
+
+__all__ = [
+    "DispatchObserver",
+    "DispatchRecord",
+    "Dispatcher",
+    "HeldLease",
+    "Lease",
+    "Origin",
+    "UpstreamAnswer",
+    "UpstreamPool",
+    "UpstreamUnreachable",
+]
