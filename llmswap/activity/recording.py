@@ -41,7 +41,7 @@ class RequestFacts(NamedTuple):
     metadata: Mapping[str, str] = NO_METADATA
 
 
-class Keeper(Protocol):
+class RowKeeper(Protocol):
     """Where a finished recording goes (the `ActivityRecorder`)."""
 
     def next_id(self) -> int: ...
@@ -121,7 +121,7 @@ class Recording:
         "started",
     )
 
-    def __init__(self, facts: RequestFacts, keeper: Keeper, capture_limit: int) -> None:
+    def __init__(self, facts: RequestFacts, keeper: RowKeeper, capture_limit: int) -> None:
         self.facts = facts
         self._keeper = keeper
         self.started = time.time()

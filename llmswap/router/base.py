@@ -27,7 +27,7 @@ from llmswap.process import LogRing, Process
 from llmswap.process.events import ProcessEvent
 from llmswap.router.effects import RouterEffects, resolve
 from llmswap.router.requests import RequestApi
-from llmswap.router.succession import Incoming, Succession
+from llmswap.router.succession import IncomingHandover, Succession
 from llmswap.router.types import (
     CancelRequest,
     NewRequest,
@@ -49,9 +49,9 @@ from llmswap.router.types import SwapStarted as SwapStarted
 from llmswap.scheduler.errors import ShuttingDown
 from llmswap.scheduler.types import (
     ProcessStopped,
+    QueueSnapshot,
     Scheduler,
     SchedulerFactory,
-    SchedulerSnapshot,
     ServeDone,
     StopDone,
     SwapDone,
@@ -153,7 +153,7 @@ class BaseRouter(RequestApi, RouterEffects):
     # ----------------------------------------------------------------- config reload (see handover.py)
 
     @property
-    def handover_in(self) -> Incoming | None:
+    def handover_in(self) -> IncomingHandover | None:
         """The handover this router took over from, while its predecessor still winds down."""
         return self.succession.incoming
 
@@ -202,7 +202,7 @@ class BaseRouter(RequestApi, RouterEffects):
         self._events.put_nowait(UnloadRequest(Unload(targets, timeout), done))
         await done
 
-    def snapshot(self) -> SchedulerSnapshot:
+    def snapshot(self) -> QueueSnapshot:
         return self.scheduler.snapshot()
 
     def model_extras(self, model: str) -> dict[str, Any]:

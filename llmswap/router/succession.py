@@ -43,7 +43,7 @@ class Outgoing(Protocol):
     def changed(self) -> None: ...
 
 
-class Incoming(Protocol):
+class IncomingHandover(Protocol):
     """The handover a router took over from, as that router sees it."""
 
     def claim(self, model: str) -> ProcessState | None: ...
@@ -59,10 +59,10 @@ class Incoming(Protocol):
 class Succession:
     """The handovers one router is part of: the one it took over from, the one that retired it."""
 
-    incoming: Incoming | None = None
+    incoming: IncomingHandover | None = None
     outgoing: Outgoing | None = None
 
-    def link(self, *, incoming: Incoming | None = None, outgoing: Outgoing | None = None) -> None:
+    def link(self, *, incoming: IncomingHandover | None = None, outgoing: Outgoing | None = None) -> None:
         if outgoing is not None:
             if self.outgoing is not None:
                 raise RuntimeError("this router was already handed over")
@@ -70,7 +70,7 @@ class Succession:
         if incoming is not None:
             self.incoming = incoming
 
-    def unlink(self, incoming: Incoming) -> None:
+    def unlink(self, incoming: IncomingHandover) -> None:
         """The predecessor behind `incoming` has finished: forget it."""
         if self.incoming is incoming:
             self.incoming = None

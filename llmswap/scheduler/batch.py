@@ -66,7 +66,7 @@ from llmswap.scheduler.batch_plan import (
     first_latest_start,
     latest_starts,
 )
-from llmswap.scheduler.books import Verdict
+from llmswap.scheduler.books import Prepared
 from llmswap.scheduler.core import QueueScheduler
 from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.idle import ClientGaps
@@ -181,8 +181,8 @@ class BatchScheduler(QueueScheduler):
     def _place(self, req: HandlerRequest) -> bool:
         """Serve, join, start a swap for, or fail `req`. False: it waits, and its model contends."""
         prepared = self._prepare(req)
-        if prepared.verdict is not Verdict.DECIDE:
-            return prepared.verdict is Verdict.HANDLED
+        if prepared.verdict is not Prepared.DECIDE:
+            return prepared.verdict is Prepared.HANDLED
         state, running, evict = prepared.state, prepared.running, prepared.evict
         if evict or self._collides(req.model, evict):
             return False

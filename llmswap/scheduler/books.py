@@ -41,7 +41,7 @@ from llmswap.scheduler.types import Clock, Effects, HandlerRequest, Swapper
 ANNOUNCED_GRACE = 3.0
 
 
-class Verdict(enum.Enum):
+class Prepared(enum.Enum):
     """What the checks every placement starts with made of a request."""
 
     HANDLED = "handled"  # failed, or joined the swap in progress
@@ -53,7 +53,7 @@ class Verdict(enum.Enum):
 class Candidate:
     """A request after the checks every placement starts with; state, running and evict when DECIDE."""
 
-    verdict: Verdict
+    verdict: Prepared
     state: ProcessState = ProcessState.STOPPED
     running: tuple[str, ...] = ()  # the running set the swapper saw
     evict: tuple[str, ...] = ()

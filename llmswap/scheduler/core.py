@@ -27,7 +27,7 @@ from llmswap.scheduler.admission import (
     REASON_TIMEOUT,
 )
 from llmswap.scheduler.at_once import GrantAtOnce
-from llmswap.scheduler.books import ActiveSwap, Candidate, Verdict
+from llmswap.scheduler.books import ActiveSwap, Candidate, Prepared
 from llmswap.scheduler.errors import (
     ConcurrencyLimit,
     ModelNotFound,
@@ -42,7 +42,7 @@ from llmswap.scheduler.prioritizers import next_late
 from llmswap.scheduler.types import (
     HandlerRequest,
     ProcessStopped,
-    SchedulerSnapshot,
+    QueueSnapshot,
     ServeDone,
     StopDone,
     SwapDone,
@@ -248,12 +248,12 @@ class QueueScheduler(UrgencyMixin, GrantAtOnce, ABC):
             self._fail(req, err)
         self._positions.clear()
 
-    def snapshot(self) -> SchedulerSnapshot:
+    def snapshot(self) -> QueueSnapshot:
         waiting: dict[str, int] = {}
         for req in self._waiters():
             waiting[req.model] = waiting.get(req.model, 0) + 1
         loading = tuple(sorted(m for m, s in self._active.items() if s.detached != "unloaded"))
-        return SchedulerSnapshot(waiting=waiting, in_flight=dict(self._in_flight), loading=loading)
+        return QueueSnapshot(waiting=waiting, in_flight=dict(self._in_flight), loading=loading)
 
     def accepts(self, model: str, ahead: int = 0) -> bool:
         """Whether a request for `model` arriving now, after `ahead` others for it already on their way,
@@ -278,26 +278,26 @@ class QueueScheduler(UrgencyMixin, GrantAtOnce, ABC):
         self._effects.start_swap(SwapPlan(req.model, evict, rule, request_seq=req.seq, detail=detail))
 
     def _prepare(self, req: HandlerRequest) -> Candidate:
-        """The checks every placement starts with, the same for every scheduler (see `Verdict`)."""
+        """The checks every placement starts with, the same for every scheduler (see `Prepared`)."""
         state = self._effects.model_state(req.model)
         if state is None:
             self._fail(req, ModelNotFound(req.model))
-            return Candidate(Verdict.HANDLED)
+            return Candidate(Prepared.HANDLED)
         swap = self._active.get(req.model)
         if swap is not None:
             if swap.detached is not None:
-                return Candidate(Verdict.WAITS)  # its abandoned swap is still winding down
+                return Candidate(Prepared.WAITS)  # its abandoned swap is still winding down
             self._join(req, swap)
-            return Candidate(Verdict.HANDLED)
+            return Candidate(Prepared.HANDLED)
         if self._stopping.get(req.model):
-            return Candidate(Verdict.WAITS)
+            return Candidate(Prepared.WAITS)
         running = self._running_set(exclude=req.model)
         try:
             evict = tuple(self._swapper.evictions_for(req.model, running))
         except SchedulerError as err:
             self._fail(req, err)
-            return Candidate(Verdict.HANDLED)
-        return Candidate(Verdict.DECIDE, state, tuple(running), evict)
+            return Candidate(Prepared.HANDLED)
+        return Candidate(Prepared.DECIDE, state, tuple(running), evict)
 
     def _abort_unwanted_swaps(self) -> None:
         """Abort loads that nobody waits for any more once they stand in a queued request's way."""

@@ -17,7 +17,7 @@ from llmswap.scheduler.errors import DeadlineMissed
 from llmswap.scheduler.prioritizers import ON_DEADLINE, Remaining, is_late
 from llmswap.scheduler.types import HandlerRequest
 
-Verdict = tuple[HandlerRequest, DeadlineMissed | None]  # a late request, and its 503 under reject
+LateOutcome = tuple[HandlerRequest, DeadlineMissed | None]  # a late request, and its 503 under reject
 
 
 class Deadlines:
@@ -38,9 +38,9 @@ class Deadlines:
         return late
 
     def check(self, requests: Iterable[HandlerRequest], now: float, remaining: Remaining,
-              stats: SchedulerStats, log: logging.Logger, name: str) -> list[Verdict]:
+              stats: SchedulerStats, log: logging.Logger, name: str) -> list[LateOutcome]:
         """Count and log each newly late request; pair it with the error to answer it (reject) or None."""
-        out: list[Verdict] = []
+        out: list[LateOutcome] = []
         for req in self.newly_late(requests, now, remaining):
             stats.deadline_missed += 1
             short = now + remaining(req) - (req.deadline if req.deadline is not None else now)

@@ -25,7 +25,7 @@ Where our asyncio contracts differ from llama-swap's Go (on purpose):
 from __future__ import annotations
 
 from llmswap.process.state import ProcessState
-from llmswap.scheduler.books import Verdict
+from llmswap.scheduler.books import Prepared
 from llmswap.scheduler.core import QueueScheduler
 from llmswap.scheduler.types import HandlerRequest
 
@@ -65,8 +65,8 @@ class FifoScheduler(QueueScheduler):
     def _place(self, req: HandlerRequest, rule: str) -> bool:
         """Serve, join, start a swap for, or fail `req`. False: it must wait in the queue."""
         prepared = self._prepare(req)
-        if prepared.verdict is not Verdict.DECIDE:
-            return prepared.verdict is Verdict.HANDLED
+        if prepared.verdict is not Prepared.DECIDE:
+            return prepared.verdict is Prepared.HANDLED
         state, running, evict = prepared.state, prepared.running, prepared.evict
         if self._preemption.holds(req.model, req):
             return False  # issue 16: its model is being emptied for a higher-priority request

@@ -86,7 +86,7 @@ class ProcessStopped:
 
 
 @dataclass(frozen=True)
-class SchedulerSnapshot:
+class QueueSnapshot:
     """A read-only view for /running, metrics and the loading feedback."""
 
     waiting: Mapping[str, int] = field(default_factory=dict)  # model -> queued + joined-swap waiters
@@ -163,7 +163,7 @@ class Scheduler(Protocol):
         """The clock reading at which `on_tick` should next run, or None when no timer is pending."""
 
     def on_shutdown(self, err: SchedulerError) -> None: ...
-    def snapshot(self) -> SchedulerSnapshot: ...
+    def snapshot(self) -> QueueSnapshot: ...
     def accepts(self, model: str, ahead: int = 0) -> bool:
         """Whether a request for `model` arriving now (after `ahead` more on their way) would be taken,
         not refused by a limit or a queue bound."""

@@ -5,9 +5,6 @@ Imports run down the layers: `llmswap.server` and `llmswap.tasks` use this packa
 
 from llmswap.upstream.dispatcher import (
     Dispatcher,
-    DispatchObserver,
-    DispatchRecord,
-    HeldLease,
     Lease,
     Origin,
     UpstreamAnswer,
@@ -16,10 +13,7 @@ from llmswap.upstream.dispatcher import (
 from llmswap.upstream.pool import UpstreamPool
 
 __all__ = [
-    "DispatchObserver",
-    "DispatchRecord",
     "Dispatcher",
-    "HeldLease",
     "Lease",
     "Origin",
     "UpstreamAnswer",

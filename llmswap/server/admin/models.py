@@ -22,7 +22,7 @@ from llmswap.process.state import ProcessState
 from llmswap.router import AcquireOptions
 from llmswap.router.types import ProcessLike
 from llmswap.scheduler.errors import SchedulerError
-from llmswap.scheduler.types import SchedulerSnapshot
+from llmswap.scheduler.types import QueueSnapshot
 from llmswap.server.http.connections import cancel_on_hangup
 from llmswap.server.http.errors import error_response, scheduler_error_response
 from llmswap.server.http.middleware import note_model
@@ -130,7 +130,7 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 def running_entries(
-    processes: Mapping[str, ProcessLike], snapshot: SchedulerSnapshot
+    processes: Mapping[str, ProcessLike], snapshot: QueueSnapshot
 ) -> list[dict[str, Any]]:
     """`/running`: every process that is starting, ready or stopping, sorted by model id.
 

@@ -56,7 +56,7 @@ ALLOWED_ORIGIN: web.RequestKey[str] = web.RequestKey("llmswap_allowed_origin", s
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Screening:
     """The guard's answer for one request: refused (with a 403 message) or let in (with the origin the
     response may be read by, if the request came from a page)."""
 
@@ -68,18 +68,18 @@ class Verdict:
         return bool(self.refusal)
 
 
-LET_IN = Verdict()
+LET_IN = Screening()
 
 
 def judge(method: str, path: str, headers: Mapping[str, str], config: Config, *,
-          loopback_listener: bool) -> Verdict:
+          loopback_listener: bool) -> Screening:
     """Whether a request may go on, from its method, path and headers alone (pure: no I/O)."""
     host_header = headers.get("Host", "")
     # HTTP/1.0 without Host cannot be a browser; a public listener is free unless allowedHosts is set.
     if host_header and (loopback_listener or config.allowed_hosts):
         refusal = _host_refusal(host_header, config.allowed_hosts, loopback_listener)
         if refusal:
-            return Verdict(refusal=refusal)
+            return Screening(refusal=refusal)
     origin_text = headers.get("Origin")
     if origin_text is None:
         fetch_site = headers.get("Sec-Fetch-Site")
@@ -87,16 +87,16 @@ def judge(method: str, path: str, headers: Mapping[str, str], config: Config, *,
             return LET_IN  # what SDKs and curl send: neither header, no CORS work
         safe_page = method in ("GET", "HEAD") and (path in CROSS_SITE_PAGES or path.startswith("/ui/"))
         if not safe_page and not any(pattern.any_origin for pattern in config.allowed_origins):
-            return Verdict(refusal=(
+            return Screening(refusal=(
                 f"refused {method} {path}: a page on another site may not drive llmswap (the browser says "
                 "Sec-Fetch-Site: cross-site and sends no Origin); open llmswap's own page, or call it with "
                 "fetch() from an origin listed in cors.allowedOrigins"))
         return LET_IN
     origin_text = origin_text.strip()
     if origin_allowed(origin_text, host_header, config):
-        return Verdict(allow_origin=origin_text)
+        return Screening(allow_origin=origin_text)
     shown = origin_text if origin_text.isprintable() else repr(origin_text)
-    return Verdict(refusal=(
+    return Screening(refusal=(
         f"requests from the origin {shown} are not allowed: llmswap answers pages on loopback origins and "
         "its own; to let this one in, add it to cors.allowedOrigins in the config"))
 

@@ -211,7 +211,7 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str)
     try:
         cancel_on_hangup(request)  # a client that hangs up while its request waits leaves the queue
         asking = AcquireOptions(priority=priority, api_key=key.key if key is not None else None)
-        async with request.app[DISPATCHER].lease(target.model, asking, origin="http") as lease:
+        async with request.app[DISPATCHER].lease(target.model, asking) as lease:
             keep_on_hangup(request)  # the relay passes a client's close on to the upstream itself
             # The grant's config, not the one read above: a reload may have changed the model meanwhile.
             url = proxy.upstream_url(lease.config.proxy, target.path, query)
@@ -229,7 +229,7 @@ async def _to_model(
     try:
         # A client that hangs up while its request waits cancels the handler: it leaves the queue.
         asking = AcquireOptions(priority=priority, api_key=key.key if key is not None else None)
-        async with request.app[DISPATCHER].lease(model_id, asking, origin="http") as lease:
+        async with request.app[DISPATCHER].lease(model_id, asking) as lease:
             if recording is not None:
                 recording.waited(lease.waited)
             return await proxy.forward(

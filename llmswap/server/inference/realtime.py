@@ -17,7 +17,7 @@ from llmswap.server.inference.passthrough import UpstreamTarget, relay_socket
 from llmswap.server.inference.peers import resolve_peer
 from llmswap.server.inference.profiles import PROFILES
 from llmswap.server.inference.routes import query_with_model
-from llmswap.server.inference.selectors import SELECTORS, Lease, NoTarget
+from llmswap.server.inference.selectors import SELECTORS, NoTarget, SelectorHold
 from llmswap.server.inference.websocket import is_upgrade
 from llmswap.server.state import state
 
@@ -41,7 +41,7 @@ async def realtime(request: web.Request) -> web.StreamResponse:
     if pinned == "":
         return error_response(request, 404, "no model id could be identified")
     name = pinned or name
-    lease: Lease | None = None
+    lease: SelectorHold | None = None
     selector = config.selectors.get(name)
     if selector is not None:
         try:
@@ -56,7 +56,8 @@ async def realtime(request: web.Request) -> web.StreamResponse:
             lease.release()
 
 
-async def _relay(request: web.Request, name: str, asked: str, lease: Lease | None) -> web.StreamResponse:
+async def _relay(request: web.Request, name: str, asked: str, lease: SelectorHold | None
+                 ) -> web.StreamResponse:
     config = state(request).config
     model_id = config.real_model_name(name)
     if model_id is not None:

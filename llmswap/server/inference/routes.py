@@ -44,7 +44,7 @@ from llmswap.server.inference.resolve import (
     identify,
     renamed,
 )
-from llmswap.server.inference.selectors import SELECTORS, Lease, NoTarget
+from llmswap.server.inference.selectors import SELECTORS, NoTarget, SelectorHold
 from llmswap.server.inference.watchdog import Watchdog
 from llmswap.server.observe.activity import begin_http
 from llmswap.server.state import ServerState, request_api_key, state
@@ -181,7 +181,7 @@ def request_deadline_ms(request: web.Request) -> float | None:
 
 
 @dataclass(frozen=True)
-class Incoming:
+class InferenceRequest:
     """One request as read: the route it came by, its body and what the body names."""
 
     route: InferenceRoute
@@ -217,7 +217,7 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
         found, raw = renamed(found, raw, pinned)
     if not found.model:
         return error_response(request, 404, "no model id could be identified")
-    lease: Lease | None = None
+    lease: SelectorHold | None = None
     selector = config.selectors.get(found.model)
     if selector is not None:
         try:
@@ -227,7 +227,7 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
         found, raw = renamed(found, raw, lease.target)
     renamed_query = found.source == "query" and found.model != asked_for
     query = query_with_model(request, found.model) if renamed_query else None
-    incoming = Incoming(route, found, raw, priority, dialect_for(route.path), query, deadline_ms)
+    incoming = InferenceRequest(route, found, raw, priority, dialect_for(route.path), query, deadline_ms)
     try:
         real = config.real_model_name(found.model)
         if real is not None:
@@ -254,8 +254,8 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
 
 
 async def _serve_local(
-    request: web.Request, server: ServerState, router: BaseRouter, model: ModelConfig, incoming: Incoming,
-    recording: Recording,
+    request: web.Request, server: ServerState, router: BaseRouter, model: ModelConfig,
+    incoming: InferenceRequest, recording: Recording,
 ) -> web.StreamResponse:
     found = incoming.found
     body = outgoing_body(incoming.raw, found, local_plan(model, found.model))
@@ -293,7 +293,7 @@ async def _serve_local(
             on_position=on_position,
             on_granted=on_granted,
         )
-        async with request.app[DISPATCHER].lease(model.id, asking, origin="http", router=router) as lease:
+        async with request.app[DISPATCHER].lease(model.id, asking, router=router) as lease:
             middleware.note_wait(request, lease.waited)
             recording.waited(max(0.0, lease.waited - load), load or None)
             loading_response = await feedback.finish() if feedback is not None else None
@@ -328,7 +328,7 @@ async def _serve_local(
 
 
 async def _serve_peer(
-    request: web.Request, peer: PeerConfig, bare_model: str, incoming: Incoming, recording: Recording
+    request: web.Request, peer: PeerConfig, bare_model: str, incoming: InferenceRequest, recording: Recording
 ) -> web.StreamResponse:
     found = incoming.found
     plan = plan_for(peer.filters, found.model, model=bare_model)

@@ -9,7 +9,8 @@ queue bounds), counts a target with queued requests or a load under way as warmi
 cold-starts the first target that would take the request.
 
 A `SelectorBook` belongs to one config: a reload starts a new one (counts and round-robin reset). A request
-holds a `Lease` on its target from the choice until its response has ended, queued and streaming included.
+holds a `SelectorHold` on its target from the choice until its response has ended, queued and streaming
+included.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ class SelectorBook:
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     turns: dict[str, int] = field(default_factory=dict)
 
-    def pick(self, router: BaseRouter, selector: SelectorConfig) -> Lease:
+    def pick(self, router: BaseRouter, selector: SelectorConfig) -> SelectorHold:
         """Choose a target and hold it: the count rises now, in the same step as the choice."""
         views = views_of(self.config, router, selector)
         counts = self.counts.setdefault(selector.id, {})
@@ -164,14 +165,14 @@ class SelectorBook:
             self.turns[selector.id] = self.turns.get(selector.id, 0) + 1
         view = views[choice.index]
         counts[view.key] = counts.get(view.key, 0) + 1
-        return Lease(self, selector.id, view.name, view.key)
+        return SelectorHold(self, selector.id, view.name, view.key)
 
     def outstanding(self, selector_id: str) -> dict[str, int]:
         return dict(self.counts.get(selector_id, {}))
 
 
 @dataclass
-class Lease:
+class SelectorHold:
     """One request's hold on its target; `release` (once) when its response has ended."""
 
     book: SelectorBook

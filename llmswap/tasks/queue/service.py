@@ -42,7 +42,7 @@ from llmswap.tasks.queue.db import (
 )
 from llmswap.tasks.queue.lanes import Queued, TaskLanes, claiming, log_failure, requeue_preempted_task
 from llmswap.upstream import Dispatcher, UpstreamUnreachable
-from llmswap.upstream.dispatcher import Lease, Origin
+from llmswap.upstream.dispatcher import Lease
 
 log = logging.getLogger("llmswap.tasks")
 
@@ -247,14 +247,13 @@ class TaskService:
         if model is None:
             await self._claim_and_run(task_type, item)  # fails the row: its type is gone
             return
-        origin: Origin = "batch" if task_type.startswith(BATCH_TYPE_PREFIX) else "task"
         while True:
             try:
                 asking = AcquireOptions(
                     priority=self.tasks.priority,
                     backlog=lambda: self.lanes.depth(task_type),  # what the lane has queued behind this task
                 )
-                async with self.dispatcher.lease(model, asking, origin=origin) as lease:
+                async with self.dispatcher.lease(model, asking) as lease:
                     token = _GRANT.set(lease)
                     try:
                         await self._claim_and_run(task_type, item)

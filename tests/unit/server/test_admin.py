@@ -5,7 +5,7 @@ from types import MappingProxyType
 
 from llmswap.config.model import Capabilities, Config, ModelConfig, PeerConfig
 from llmswap.process.state import ProcessState
-from llmswap.scheduler.types import SchedulerSnapshot
+from llmswap.scheduler.types import QueueSnapshot
 from llmswap.server.admin.models import model_records, running_entries
 from llmswap.server.observe.records import render_capabilities
 
@@ -122,7 +122,7 @@ def test_running_lists_live_processes_sorted_with_llmswap_extras():
         "off": StubProcess(model("off"), ProcessState.STOPPED),
         "gone": StubProcess(model("gone"), ProcessState.SHUTDOWN),
     }
-    snapshot = SchedulerSnapshot(waiting={"alpha": 3}, in_flight={"zeta": 2})
+    snapshot = QueueSnapshot(waiting={"alpha": 3}, in_flight={"zeta": 2})
     assert running_entries(processes, snapshot) == [
         {"model": "alpha", "state": "starting", "cmd": "", "proxy": "http://127.0.0.1:1", "ttl": 2.5,
          "name": "", "description": "", "pid": 17, "in_flight": 0, "waiting": 3, "last_start_seconds": None},
@@ -133,4 +133,4 @@ def test_running_lists_live_processes_sorted_with_llmswap_extras():
 
 
 def test_running_is_empty_when_nothing_runs():
-    assert running_entries({"m": StubProcess(model("m"), ProcessState.STOPPED)}, SchedulerSnapshot()) == []
+    assert running_entries({"m": StubProcess(model("m"), ProcessState.STOPPED)}, QueueSnapshot()) == []

@@ -9,7 +9,7 @@ from llmswap.config.model import Config
 from llmswap.config.origins import parse_host_pattern, parse_origin_pattern
 from llmswap.server.http.guard import (
     DEFAULT_ALLOW_HEADERS,
-    Verdict,
+    Screening,
     is_loopback_listener,
     judge,
     preflight_headers,
@@ -25,14 +25,14 @@ def config(origins: tuple[str, ...] = (), hosts: tuple[str, ...] = ()) -> Config
 
 
 def verdict(method: str = "POST", path: str = "/v1/chat/completions", *, loopback: bool = True,
-            settings: Config | None = None, **headers: str) -> Verdict:
+            settings: Config | None = None, **headers: str) -> Screening:
     sent = {"Host": LOCAL, **{name.replace("_", "-"): value for name, value in headers.items()}}
     return judge(method, path, sent, settings or config(), loopback_listener=loopback)
 
 
 def test_an_sdk_request_without_origin_or_fetch_headers_passes_untouched():
-    assert verdict() == Verdict()
-    assert verdict("GET", "/unload") == Verdict()
+    assert verdict() == Screening()
+    assert verdict("GET", "/unload") == Screening()
 
 
 @pytest.mark.parametrize("origin", [
@@ -40,12 +40,12 @@ def test_an_sdk_request_without_origin_or_fetch_headers_passes_untouched():
     "http://[::1]:8080", "http://app.localhost:3000",
 ])
 def test_loopback_origins_are_allowed_and_echoed(origin):
-    assert verdict(Origin=origin) == Verdict(allow_origin=origin)
+    assert verdict(Origin=origin) == Screening(allow_origin=origin)
 
 
 def test_the_servers_own_origin_is_allowed_on_a_public_listener():
     seen = verdict(Origin="http://192.168.1.5:8080", Host="192.168.1.5:8080", loopback=False)
-    assert seen == Verdict(allow_origin="http://192.168.1.5:8080")
+    assert seen == Screening(allow_origin="http://192.168.1.5:8080")
     assert verdict(Origin="http://llm.lan", Host="llm.lan:80", loopback=False).allow_origin == "http://llm.lan"
 
 
@@ -77,7 +77,7 @@ def test_star_allows_every_origin_and_the_null_one():
     settings = config(origins=("*",))
     assert verdict(Origin="https://anything.example", settings=settings).allow_origin == "https://anything.example"
     assert verdict(Origin="null", settings=settings).allow_origin == "null"
-    assert verdict("GET", "/unload", settings=settings, Sec_Fetch_Site="cross-site") == Verdict()
+    assert verdict("GET", "/unload", settings=settings, Sec_Fetch_Site="cross-site") == Screening()
 
 
 def test_a_cross_site_request_without_origin_may_not_change_state():
@@ -89,18 +89,18 @@ def test_a_cross_site_request_without_origin_may_not_change_state():
 
 def test_a_cross_site_link_may_still_open_the_status_page():
     for path in ("/", "/ui", "/ui/app.js", "/health"):
-        assert verdict("GET", path, Sec_Fetch_Site="cross-site", Sec_Fetch_Mode="navigate") == Verdict()
+        assert verdict("GET", path, Sec_Fetch_Site="cross-site", Sec_Fetch_Mode="navigate") == Screening()
 
 
 def test_same_origin_and_typed_in_requests_without_origin_pass():
     for site in ("same-origin", "same-site", "none"):
-        assert verdict("GET", "/unload", Sec_Fetch_Site=site) == Verdict()
+        assert verdict("GET", "/unload", Sec_Fetch_Site=site) == Screening()
 
 
 @pytest.mark.parametrize("host", ["localhost:8080", "localhost", "127.0.0.1", "127.3.2.1:1", "[::1]:8080",
                                   "app.localhost:8080", "LOCALHOST:8080"])
 def test_loopback_hosts_are_answered_on_a_loopback_listener(host):
-    assert verdict(Host=host) == Verdict()
+    assert verdict(Host=host) == Screening()
 
 
 @pytest.mark.parametrize("host", ["evil.test:8080", "192.168.1.5:8080", "localhost.evil.test",
@@ -117,21 +117,21 @@ def test_a_foreign_host_is_refused_even_with_an_allowed_origin():
 def test_configured_hosts_are_answered():
     settings = config(hosts=("llm.lan", "*.example.com"))
     for host in ("llm.lan:8080", "a.example.com", "b.c.example.com:1"):
-        assert verdict(Host=host, settings=settings) == Verdict(), host
+        assert verdict(Host=host, settings=settings) == Screening(), host
     for host in ("example.com", "llm.lan.evil.test"):
         assert verdict(Host=host, settings=settings).refused, host
 
 
 def test_a_public_listener_answers_any_host_unless_hosts_are_configured():
-    assert verdict(Host="anything.test:8080", loopback=False) == Verdict()
+    assert verdict(Host="anything.test:8080", loopback=False) == Screening()
     settings = config(hosts=("llm.lan",))
     assert verdict(Host="anything.test:8080", loopback=False, settings=settings).refusal == (
         "the Host anything.test:8080 is not allowed; add it to allowedHosts in the config to allow it")
-    assert verdict(Host="localhost:8080", loopback=False, settings=settings) == Verdict()
+    assert verdict(Host="localhost:8080", loopback=False, settings=settings) == Screening()
 
 
 def test_no_host_header_is_not_a_browser_and_passes():
-    assert judge("GET", "/running", {}, config(), loopback_listener=True) == Verdict()
+    assert judge("GET", "/running", {}, config(), loopback_listener=True) == Screening()
 
 
 def test_preflight_from_an_allowed_origin_echoes_it_and_the_requested_headers():
