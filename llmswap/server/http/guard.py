@@ -6,10 +6,12 @@ A local llmswap must not be drivable by whatever web page its user happens to op
 - **Host.** On a loopback listener, a Host that is not loopback (or listed in `allowedHosts`) is refused:
   that is how a DNS-rebinding page (evil.example resolving to 127.0.0.1) shows itself. On another
   listener Host is free unless `allowedHosts` is set.
-- **Origin.** A request carrying `Origin` is served only for loopback origins, the server's own origin
-  (the Origin's host:port is the Host it was sent to) and `cors.allowedOrigins`; any other is refused with
-  403 before anything happens — "simple" requests (a text/plain POST) included, since a browser sends
-  those without asking first. A preflight from such an origin gets no allow headers.
+- **Origin.** Without `apiKeys`, a request carrying `Origin` is served only for loopback origins, the
+  server's own origin (the Origin's host:port is the Host it was sent to) and `cors.allowedOrigins`; any
+  other is refused with 403 before anything happens — "simple" requests (a text/plain POST) included,
+  since a browser sends those without asking first. A preflight from such an origin gets no allow headers.
+  With `apiKeys`, the key is the guard, as in llama-swap: any page may call (and be answered a preflight),
+  its requests still needing a key, unless `cors.allowedOrigins` names the origins that may.
 - **No Origin, cross-site.** `<img src=.../unload>` or a link sends no Origin but, from a current browser,
   `Sec-Fetch-Site: cross-site`; such a request may only open pages (`/`, `/ui`, `/health`), nothing else.
   SDKs and curl send neither header and pass untouched.
@@ -98,14 +100,19 @@ def judge(method: str, path: str, headers: Mapping[str, str], config: Config, *,
     shown = origin_text if origin_text.isprintable() else repr(origin_text)
     return Screening(refusal=(
         f"requests from the origin {shown} are not allowed: llmswap answers pages on loopback origins and "
-        "its own; to let this one in, add it to cors.allowedOrigins in the config"))
+        "its own; to let this one in, add it to cors.allowedOrigins in the config (or set apiKeys: then "
+        "any page holding a key may call)"))
 
 
 def origin_allowed(origin_text: str, host_header: str, config: Config) -> bool:
     origin = parse_origin(origin_text)
     if is_loopback_origin(origin) or any(p.matches(origin) for p in config.allowed_origins):
         return True
-    return origin is not None and _same_origin(origin.scheme, origin.host, origin.port, host_header)
+    if origin is None:
+        return False
+    if config.api_keys and not config.allowed_origins:
+        return True  # the key is the guard: a page without one is refused by auth
+    return _same_origin(origin.scheme, origin.host, origin.port, host_header)
 
 
 def _same_origin(scheme: str, host: str, port: int | None, host_header: str) -> bool:

@@ -16,6 +16,7 @@ from llmswap.server.http.errors import error_response
 from llmswap.server.inference.passthrough import UpstreamTarget, relay_socket
 from llmswap.server.inference.peers import resolve_peer
 from llmswap.server.inference.profiles import PROFILES
+from llmswap.server.inference.resolve import unknown_model_message
 from llmswap.server.inference.routes import query_with_model
 from llmswap.server.inference.selectors import SELECTORS, NoTarget, SelectorHold
 from llmswap.server.inference.websocket import is_upgrade
@@ -68,7 +69,7 @@ async def _relay(request: web.Request, name: str, asked: str, lease: SelectorHol
     else:
         served = resolve_peer(config, name)
         if served is None:
-            return error_response(request, 404, "no router for requested model")
+            return error_response(request, 404, unknown_model_message(config, name))
         sent = served[1]
         target = UpstreamTarget(name, served[1], served[0].id, PATH)
     query = query_with_model(request, sent) if sent != asked else request.rel_url.raw_query_string

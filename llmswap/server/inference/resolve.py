@@ -17,6 +17,8 @@ from urllib.parse import quote_plus, unquote_plus
 
 from aiohttp.helpers import parse_mimetype
 
+from llmswap.config.model import Config
+
 Source = Literal["json", "multipart", "form", "query", "none"]
 
 
@@ -260,3 +262,25 @@ def renamed(found: Identified, raw: bytearray, model: str) -> tuple[Identified, 
         body = raw[: span.start] + value + raw[span.end :]
         return replace(found, model=model, model_span=Span(span.start, span.start + len(value))), body
     return replace(found, model=model), raw
+
+
+NOT_FOUND = "no router for requested model"  # llama-swap's words, which tools match: the message starts so
+SHOWN_NAMES = 20
+
+
+def unknown_model_message(config: Config, name: str) -> str:
+    """The 404 for a model no router serves: llama-swap's words, then the name asked for and what could be
+    asked for instead (listed models, their aliases, selectors and peers' models; the first twenty)."""
+    names = sorted(
+        {m.id for m in config.models.values() if not m.unlisted}
+        | {alias for alias, target in config.aliases.items()
+           if target in config.models and not config.models[target].unlisted}
+        | {s.id for s in config.selectors.values() if not s.unlisted}
+        | {model for peer in config.peers.values() for model in peer.models}
+    )
+    if not names:
+        return f"{NOT_FOUND} {name!r}: no model is configured"
+    shown = ", ".join(names[:SHOWN_NAMES])
+    more = (f" and {len(names) - SHOWN_NAMES} more (GET /v1/models lists them)"
+            if len(names) > SHOWN_NAMES else "")
+    return f"{NOT_FOUND} {name!r}: available are {shown}{more}"

@@ -43,6 +43,7 @@ from llmswap.server.inference.resolve import (
     encode_form_value,
     identify,
     renamed,
+    unknown_model_message,
 )
 from llmswap.server.inference.selectors import SELECTORS, NoTarget, SelectorHold
 from llmswap.server.inference.watchdog import Watchdog
@@ -250,7 +251,7 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
         # A selector's count covers the request from its choice to the end of its response.
         if lease is not None:
             lease.release()
-    return error_response(request, 404, "no router for requested model")
+    return error_response(request, 404, unknown_model_message(config, found.model))
 
 
 async def _serve_local(

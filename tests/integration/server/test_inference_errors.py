@@ -37,11 +37,12 @@ async def test_requests_without_a_usable_model(
     async with http.post(served.at("/v1/chat/completions"), json={**CHAT, "model": "gpt-9"}) as response:
         assert response.status == 404
         error = await error_of(response)
-        assert (error["message"], error["code"]) == ("no router for requested model", "not_found")
+        assert error["code"] == "not_found"
+        assert error["message"] == "no router for requested model 'gpt-9': available are m"
     async with http.post(served.at("/v1/chat/completions"), json={**CHAT, "model": "gpt-9"},
                          headers={"Accept": "text/plain"}) as response:
         assert response.status == 404
-        assert await response.text() == "llmswap: no router for requested model\n"
+        assert await response.text() == "llmswap: no router for requested model 'gpt-9': available are m\n"
     assert served.router.processes["m"].state is ProcessState.STOPPED
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmswap.config.model import Config
+from llmswap.config.model import ApiKey, Config
 from llmswap.config.origins import parse_host_pattern, parse_origin_pattern
 from llmswap.server.http.guard import (
     DEFAULT_ALLOW_HEADERS,
@@ -187,3 +187,22 @@ def test_a_cross_site_request_is_refused_unless_any_origin_is_allowed():
     assert not verdict("POST", "/unload", Sec_Fetch_Site="same-origin").refused
     anyone = config(origins=("*",))
     assert not verdict("POST", "/unload", Sec_Fetch_Site=" Cross-Site ", settings=anyone).refused
+
+
+def test_with_api_keys_any_page_may_call_and_the_key_guards_it():
+    keyed = Config(api_keys=(ApiKey(key="sk-1"),))
+    foreign = "https://chat.example.com"
+    assert verdict(settings=keyed, Origin=foreign) == Screening(allow_origin=foreign)
+    assert verdict(settings=config(), Origin=foreign).refused  # without keys: loopback and its own only
+    allowed = verdict("OPTIONS", settings=keyed, Origin=foreign).allow_origin
+    answer = preflight_headers({"Origin": foreign}, allowed)
+    assert answer["Access-Control-Allow-Origin"] == foreign
+
+
+def test_with_api_keys_allowed_origins_still_restrict_the_pages():
+    keyed = Config(api_keys=(ApiKey(key="sk-1"),),
+                   allowed_origins=(parse_origin_pattern("https://app.example.com"),))
+    assert verdict(settings=keyed, Origin="https://app.example.com").allow_origin == "https://app.example.com"
+    assert verdict(settings=keyed, Origin="https://chat.example.com").refused
+    # Without an Origin, a cross-site page is held to the status page as before: keys change only origins.
+    assert verdict(settings=keyed, Sec_Fetch_Site="cross-site").refused

@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from llmswap.server.inference.resolve import MalformedRequest, identify, multipart_parts, renamed
+from llmswap.config.model import Config, ModelConfig, PeerConfig, SelectorConfig
+from llmswap.server.inference.resolve import (
+    MalformedRequest,
+    identify,
+    multipart_parts,
+    renamed,
+    unknown_model_message,
+)
 
 JSON = "application/json"
 
@@ -153,3 +160,21 @@ def test_renamed_urlencoded_encodes_the_new_name() -> None:
 def test_renamed_query_leaves_the_body_to_the_caller() -> None:
     found, body = renamed(identify("GET", "", b"", {"model": "sel"}), bytearray(), "qwen")
     assert (found.model, found.source, bytes(body)) == ("qwen", "query", b"")
+
+
+def test_an_unknown_model_is_named_and_what_may_be_asked_for_is_listed() -> None:
+    models = {m: ModelConfig(id=m, cmd=("serve",), aliases=(f"{m}-alias",) if m == "m03" else ())
+              for m in (f"m{i:02d}" for i in range(25))}
+    models["hidden"] = ModelConfig(id="hidden", cmd=("serve",), unlisted=True)
+    config = Config(models=models, aliases={"m03-alias": "m03"},
+                    selectors={"fast": SelectorConfig(id="fast", strategy="warm", targets=("m01",))},
+                    peers={"p": PeerConfig(id="p", proxy="http://127.0.0.1:1", models=("remote",))})
+    message = unknown_model_message(config, "gpt-9")
+    assert message.startswith(
+        "no router for requested model 'gpt-9': available are fast, m00, m01, m02, m03, m03-alias, m04,")
+    assert "hidden" not in message and "remote" not in message  # the first 20 in order are shown
+    # 28 names: 25 listed models, an alias, a selector and a peer's model.
+    assert message.endswith(" m17 and 8 more (GET /v1/models lists them)")
+    assert unknown_model_message(Config(), "x") == "no router for requested model 'x': no model is configured"
+    small = Config(models={"m": ModelConfig(id="m", cmd=("serve",))}, aliases={"chat": "m"})
+    assert unknown_model_message(small, "x") == "no router for requested model 'x': available are chat, m"
