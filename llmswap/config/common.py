@@ -18,7 +18,7 @@ TIMEOUT_KEYS = {
     "tlsHandshake": "tls_handshake",
     "expectContinue": "expect_continue",
     "idleConn": "idle_conn",
-    "wall": "wall",  # llmswap: the watchdog (llmswap.server.inference.watchdog)
+    "wall": "wall",  # llmswap: the watchdog (llmswap.upstream.watchdog)
     "idle": "idle",
 }
 PROTECTED_PARAM = "model"  # routing depends on it: filters may never remove or set it

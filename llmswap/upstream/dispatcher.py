@@ -27,7 +27,8 @@ from llmswap.config.model import ModelConfig
 from llmswap.router.base import BaseRouter
 from llmswap.router.types import NO_OPTIONS, AcquireOptions, ProcessLike
 from llmswap.upstream.filters import apply_plan, local_plan
-from llmswap.upstream.pool import Upstream, UpstreamPool, send
+from llmswap.upstream.forward import Buffer, Unreachable, forward
+from llmswap.upstream.pool import Upstream, UpstreamPool
 
 log = logging.getLogger("llmswap.dispatch")
 
@@ -147,24 +148,14 @@ class Dispatcher:
             filtered, _ = apply_plan(body, local_plan(lease.config, requested))
             url = URL(lease.config.proxy.rstrip("/") + path)
             data = json.dumps(filtered, ensure_ascii=False, separators=(",", ":")).encode()
-            if recording is not None and recording.wants_request_body:
-                recording.request_body(data)
-            limit = lease.response_header_timeout
+            buffer = Buffer()
             headers = CIMultiDict({"Content-Type": "application/json"})
             try:
-                response = await send(lease.upstream, "POST", url, headers, data, limit)
-            except TimeoutError as exc:
-                raise UpstreamUnreachable(
-                    f"{model} sent no response headers within {limit:g}s (timeouts.responseHeader)"
-                ) from exc
-            except OSError as exc:
-                raise UpstreamUnreachable(f"{model} could not be reached: {exc}") from exc
-            try:
-                async with response:
-                    raw = await response.read()
-            except OSError as exc:
-                raise UpstreamUnreachable(f"{model} broke off its answer: {exc}") from exc
-            if recording is not None:
-                recording.response_headers(response.status, response.headers)
-                recording.chunk(raw)
-            return UpstreamAnswer(response.status, raw.decode("utf-8", errors="replace"))
+                await forward(lease.upstream, "POST", url, headers, data, buffer,
+                              header_timeout=lease.response_header_timeout, recording=recording,
+                              error_prefix=model)
+            except Unreachable as exc:
+                raise UpstreamUnreachable(exc.message) from exc
+            if buffer.failure is not None:
+                raise UpstreamUnreachable(buffer.failure)
+            return UpstreamAnswer(buffer.status, buffer.body.decode("utf-8", errors="replace"))

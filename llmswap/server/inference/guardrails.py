@@ -30,13 +30,15 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from llmswap.config.model import ModelConfig
-from llmswap.upstream.pool import Upstream, send
+from llmswap.upstream.forward import Buffer, Unreachable, forward
+from llmswap.upstream.pool import Upstream
 
 log = logging.getLogger("llmswap.guardrails")
 
 BYTES_PER_TOKEN = 8  # twice the ~4 of English text: the estimate stays below the real count
 METADATA_KEYS = ("context_length", "contextLength", "n_ctx", "ctx_size", "context")
 PROPS_TIMEOUT = 2.0  # seconds for the one /props read per model and command line
+PROPS_LIMIT = 1024 * 1024  # bytes of /props read at most (llama-server's is a few KiB)
 
 
 @dataclass(frozen=True)
@@ -144,14 +146,15 @@ async def learn_reported_context(app: web.Application, model: ModelConfig,
     if key in reported or declared_limit(model) is not None:
         return
     reported[key] = None  # one try: an upstream without /props is not asked again
+    answer = Buffer(limit=PROPS_LIMIT)
     try:
         async with asyncio.timeout(PROPS_TIMEOUT):
             url = URL(f"{model.proxy.rstrip('/')}/props")
-            async with await send(upstream, "GET", url, CIMultiDict(), None, 0) as response:
-                if response.status != 200:
-                    return
-                props = json.loads(await response.read())
-    except (OSError, TimeoutError, ValueError) as exc:
+            await forward(upstream, "GET", url, CIMultiDict(), None, answer)
+        if answer.status != 200 or answer.failure is not None or answer.truncated:
+            return
+        props = json.loads(answer.body)
+    except (Unreachable, TimeoutError, ValueError) as exc:
         log.debug("%s: no context length from /props (%s)", model.id, exc)
         return
     settings = props.get("default_generation_settings") if isinstance(props, dict) else None

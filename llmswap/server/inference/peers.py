@@ -18,8 +18,8 @@ from yarl import URL
 from llmswap.activity.recording import Recording
 from llmswap.config.model import Config, PeerConfig
 from llmswap.server.inference.proxy import UPSTREAMS, Body, SseErrorFormatter, forward, openai_sse_error
-from llmswap.server.inference.watchdog import Watchdog
 from llmswap.server.state import state
+from llmswap.upstream.watchdog import Watchdog
 
 CREDENTIAL_HEADERS = ("Authorization", "x-api-key")
 

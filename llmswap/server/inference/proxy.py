@@ -1,8 +1,9 @@
-"""Forwarding one HTTP request to an upstream and relaying its answer as it arrives.
+"""The HTTP side of forwarding: a client's request to an upstream, the answer back to the client.
 
-Owns the server's handle on the upstream pool (`llmswap.upstream.pool`), `forward` (the request out, the
-response back, byte for byte and unbuffered), and what a client sees when the upstream fails before or
-during the answer. (A client that hangs up cancels its handler: `connections.cancel_on_hangup`.)
+Owns what goes out of the client's request (`outgoing_headers`, `upstream_url`), what comes back to it
+(`relayed_headers`, `ClientSink`) and what the client sees when the upstream fails before or during the
+answer; the forwarding itself is `llmswap.upstream.forward`'s. (A client that hangs up cancels its
+handler: `connections.cancel_on_hangup`.)
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from llmswap.activity.recording import Recording
 from llmswap.server.http.errors import error_body, error_response
 from llmswap.server.http.middleware import note_answering
 from llmswap.server.inference.inflight import note_relayed
-from llmswap.server.inference.watchdog import Watchdog, WatchdogExpired
 from llmswap.upstream import Dispatcher, UpstreamPool
-from llmswap.upstream.pool import Body, Upstream, UpstreamResponse, send
+from llmswap.upstream.forward import Buffer, Unreachable
+from llmswap.upstream.forward import forward as relay
+from llmswap.upstream.pool import Body, Upstream
+from llmswap.upstream.watchdog import Watchdog
 
 log = logging.getLogger("llmswap.proxy")
 
@@ -106,10 +109,10 @@ def outgoing_headers(
     return headers
 
 
-def relayed_headers(upstream: UpstreamResponse) -> CIMultiDict[str]:
-    """The upstream's response headers to pass on: all but hop-by-hop ones and those its Connection names."""
-    listed = _connection_listed(upstream.headers)
-    return CIMultiDict([(name, value) for name, value in upstream.headers.items()
+def relayed_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    """An upstream answer's headers to pass on: all but hop-by-hop ones and those its Connection names."""
+    listed = _connection_listed(headers)
+    return CIMultiDict([(name, value) for name, value in headers.items()
                         if name.lower() not in HOP_BY_HOP and name.lower() not in listed])
 
 
@@ -126,11 +129,6 @@ def _connection_listed(headers: CIMultiDictProxy[str]) -> frozenset[str]:
 
 def is_event_stream(content_type: str) -> bool:
     return "text/event-stream" in content_type.lower()
-
-
-def describe(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 async def forward(
@@ -150,146 +148,102 @@ async def forward(
     watchdog: Watchdog | None = None,
     recording: Recording | None = None,
 ) -> web.StreamResponse:
-    """Send `request` to `base_url` + `path` and relay the answer as it arrives.
+    """Send `request` to `base_url` + `path` and relay the answer to its client as it arrives (the one
+    forwarder, `llmswap.upstream.forward`, into a `ClientSink`).
 
     The method, the headers (see `outgoing_headers`) and the body (the client's bytes when `body` is None)
     go out; the status, headers and body come back unbuffered, event streams with `X-Accel-Buffering: no`.
     `query` replaces the client's raw query string; `drop_headers` are not forwarded. An upstream that
     cannot be reached (or sends no headers within `response_header_timeout` s, 0 = no limit) → 502 in the
-    error envelope, `error_prefix: why`.
-    An upstream that fails mid-answer ends an event stream with `sse_error`, any other body with a cut
-    connection (never a complete-looking truncated body). A client that leaves closes the upstream request.
+    error envelope, `error_prefix: why` (504 when the watchdog stopped it).
 
     `response` is a response already sent to the client (a loading stream's 200): the upstream's body is
     written into it; its status and headers are lost, and an upstream error becomes an `sse_error` event.
-    `watchdog` bounds the whole answer and the gaps between its bytes
-    (`llmswap.server.inference.watchdog`): 504.
-    `recording` (activity) is told the body sent, the upstream's status and headers, each chunk relayed.
+    `watchdog` bounds the whole answer and the gaps between its bytes; `recording` (activity) is told what
+    went out and came back.
     """
     headers = outgoing_headers(request, extra_headers, drop_headers)
     if body is None:
         body = await request.read() if request.body_exists else None
-    if recording is not None and recording.wants_request_body and body is not None:
-        recording.request_body(body)
     url = upstream_url(base_url, path, request.rel_url.raw_query_string if query is None else query)
+    sink = ClientSink(request, response, sse_error)
     try:
-        sending = send(upstream, request.method, url, headers, body, response_header_timeout)
-        answer = await (watchdog.guard(sending) if watchdog is not None else sending)
-    except (OSError, TimeoutError, ValueError) as exc:
-        if isinstance(exc, WatchdogExpired):
-            log.warning("%s %s → %s: %s", request.method, request.path, url, exc.message)
-            if response is not None and response.prepared:
-                await _write_quietly(response, sse_error(504, exc.message))
-                return response
-            return error_response(request, 504, exc.message)
-        if isinstance(exc, TimeoutError):
-            why = f"no response headers within {response_header_timeout:g}s"
-        else:
-            why = describe(exc)
-        log.warning("%s %s → %s: %s", request.method, request.path, url, why)
-        message = f"{error_prefix}: {why}"
-        if recording is not None:
-            recording.fail(502, message)
+        await relay(upstream, request.method, url, headers, body, sink,
+                    header_timeout=response_header_timeout, watchdog=watchdog, recording=recording,
+                    error_prefix=error_prefix)
+    except Unreachable as exc:
+        log.warning("%s %s → %s: %s", request.method, request.path, url, exc.message)
         if response is not None and response.prepared:
-            await _write_quietly(response, sse_error(502, message))
+            await _write_quietly(response, sse_error(exc.status, exc.message))
             return response
-        return error_response(request, 502, message)
-    completed = False
-    if recording is not None:
-        recording.response_headers(answer.status, answer.headers)
-    try:
-        if response is not None and response.prepared:
-            if answer.status >= 400:
-                await _relay_error_into_stream(response, answer, sse_error, recording)
-                completed = True
-                return response
-        else:
-            response = web.StreamResponse(status=answer.status, reason=answer.reason)
-            response.headers.extend(relayed_headers(answer))
-            if is_event_stream(answer.headers.get(hdrs.CONTENT_TYPE, "")):
-                response.headers["X-Accel-Buffering"] = "no"
-            await response.prepare(request)
-            note_answering(request)
-        completed = await _relay_body(request, response, answer, error_prefix, sse_error, watchdog,
-                                      recording)
-        return response
+        return error_response(request, exc.status, exc.message)
     except ConnectionResetError:
-        # The client left while the answer streamed: closing the upstream request below is what stops the
-        # upstream generating for nobody.
+        # The client left while the answer streamed: the forwarder closed the upstream request, which is
+        # what stops the upstream generating for nobody.
         log.debug("%s %s: the client disconnected mid-response", request.method, request.path)
-        return response if response is not None else web.Response(status=CLIENT_CLOSED_REQUEST)
-    finally:
-        # An answer not relayed whole (the client left, a cancel, a preemption) closes its connection:
-        # that is what tells the upstream to stop generating.
-        if completed:
-            answer.release()
-        else:
-            answer.close()
+        return sink.response if sink.response is not None else web.Response(status=CLIENT_CLOSED_REQUEST)
+    assert sink.response is not None
+    return sink.response
 
 
-async def _relay_body(
-    request: web.Request,
-    response: web.StreamResponse,
-    upstream: UpstreamResponse,
-    error_prefix: str,
-    sse_error: SseErrorFormatter,
-    watchdog: Watchdog | None,
-    recording: Recording | None,
-) -> bool:
-    """Copy the upstream body to the client as it arrives; True when it arrived whole."""
-    while True:
-        try:
-            reading = upstream.read_chunk()
-            chunk = await (watchdog.guard(reading) if watchdog is not None else reading)
-        except WatchdogExpired as exc:
-            await _upstream_broke(request, response, exc.message, sse_error, status=504)
-            return False
-        except (OSError, TimeoutError) as exc:
-            message = f"{error_prefix}: the upstream broke off its answer ({describe(exc)})"
-            if recording is not None:
-                recording.fail(502, message)
-            await _upstream_broke(request, response, message, sse_error)
-            return False
-        if not chunk:
-            break
-        await response.write(chunk)
-        note_relayed(request, len(chunk))
-        if recording is not None:
-            recording.chunk(chunk)
-    await response.write_eof()
-    return True
+class ClientSink:
+    """The client's side of a forwarded answer: a streaming response made from the upstream's head (or the
+    loading stream already sent), and what the client sees when the upstream breaks off."""
 
+    def __init__(self, request: web.Request, response: web.StreamResponse | None,
+                 sse_error: SseErrorFormatter) -> None:
+        self.request = request
+        self.response = response
+        self.sse_error = sse_error
+        self._error: Buffer | None = None  # an error answer going into a stream already under way
 
-async def _upstream_broke(
-    request: web.Request, response: web.StreamResponse, message: str, sse_error: SseErrorFormatter,
-    status: int = 502,
-) -> None:
-    log.warning("%s %s: %s", request.method, request.path, message)
-    if is_event_stream(response.headers.get(hdrs.CONTENT_TYPE, "")):
-        await _write_quietly(response, sse_error(status, message))
-        with contextlib.suppress(ConnectionError):
-            await response.write_eof()
-        return
-    # Any other body cannot carry an error; ending it normally would pass a truncated answer off as
-    # complete, so the connection is cut instead.
-    transport = request.transport
-    if transport is not None:
-        transport.close()
+    async def start(self, status: int, reason: str, headers: CIMultiDictProxy[str]) -> None:
+        response = self.response
+        if response is not None and response.prepared:
+            if status >= 400:  # the stream is a 200 already: the error becomes its last event
+                self._error = Buffer(limit=_ERROR_BODY_LIMIT, status=status, reason=reason)
+            return
+        response = self.response = web.StreamResponse(status=status, reason=reason)
+        response.headers.extend(relayed_headers(headers))
+        if is_event_stream(headers.get(hdrs.CONTENT_TYPE, "")):
+            response.headers["X-Accel-Buffering"] = "no"
+        await response.prepare(self.request)
+        note_answering(self.request)
 
+    async def write(self, chunk: bytes) -> None:
+        if self._error is not None:
+            await self._error.write(chunk)
+            return
+        assert self.response is not None
+        await self.response.write(chunk)
+        note_relayed(self.request, len(chunk))
 
-async def _relay_error_into_stream(
-    response: web.StreamResponse, upstream: UpstreamResponse, sse_error: SseErrorFormatter,
-    recording: Recording | None,
-) -> None:
-    raw = (await upstream.read(_ERROR_BODY_LIMIT))[:_ERROR_BODY_LIMIT]
-    if recording is not None:
-        recording.chunk(raw)
-    text = raw.decode("utf-8", errors="replace").strip()
-    answered = f"the upstream answered {upstream.status} {upstream.reason or ''}".strip()
-    message = _error_message(text) or answered
-    await _write_quietly(response, sse_error(upstream.status, message))
-    with contextlib.suppress(ConnectionError):
-        await response.write_eof()
+    async def finish(self) -> None:
+        assert self.response is not None
+        if self._error is not None:
+            text = self._error.body.decode("utf-8", errors="replace").strip()
+            answered = f"the upstream answered {self._error.status} {self._error.reason or ''}".strip()
+            await _write_quietly(self.response, self.sse_error(self._error.status,
+                                                              _error_message(text) or answered))
+            with contextlib.suppress(ConnectionError):
+                await self.response.write_eof()
+            return
+        await self.response.write_eof()
+
+    async def broke(self, status: int, message: str) -> None:
+        request, response = self.request, self.response
+        assert response is not None
+        log.warning("%s %s: %s", request.method, request.path, message)
+        if is_event_stream(response.headers.get(hdrs.CONTENT_TYPE, "")):
+            await _write_quietly(response, self.sse_error(status, message))
+            with contextlib.suppress(ConnectionError):
+                await response.write_eof()
+            return
+        # Any other body cannot carry an error; ending it normally would pass a truncated answer off as
+        # complete, so the connection is cut instead.
+        transport = request.transport
+        if transport is not None:
+            transport.close()
 
 
 def _error_message(text: str) -> str:

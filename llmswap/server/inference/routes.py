@@ -46,10 +46,10 @@ from llmswap.server.inference.resolve import (
     unknown_model_message,
 )
 from llmswap.server.inference.selectors import SELECTORS, NoTarget, SelectorHold
-from llmswap.server.inference.watchdog import Watchdog
 from llmswap.server.observe.activity import begin_http
 from llmswap.server.state import ServerState, request_api_key, state
 from llmswap.upstream.filters import FilterPlan, apply_plan, local_plan, plan_for
+from llmswap.upstream.watchdog import Watchdog
 
 PRIORITY_HEADER = "X-Priority"
 DEADLINE_HEADER = "X-Deadline-Ms"  # milliseconds after arrival by which the request should be served

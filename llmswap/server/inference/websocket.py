@@ -26,7 +26,8 @@ from yarl import URL
 
 from llmswap.server.http.errors import error_response
 from llmswap.server.http.middleware import note_first_byte
-from llmswap.server.inference.proxy import describe, outgoing_headers
+from llmswap.server.inference.proxy import outgoing_headers
+from llmswap.upstream.forward import describe
 
 log = logging.getLogger("llmswap.proxy")
 

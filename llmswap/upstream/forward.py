@@ -1,0 +1,162 @@
+"""The one forwarder: a request out to an upstream, its answer relayed into a sink as it arrives, recorded
+once.
+
+Every caller that talks to an upstream goes through `forward`: the HTTP routes (their sink is the client's
+streaming response, `llmswap.server.inference.proxy`), peers, `/upstream/...`, the task queue and the Batch
+API (`Dispatcher.post_json`, into a `Buffer`) and probes such as the context guardrail's `GET /props`.
+
+What `forward` owns, so that no caller writes it again:
+- sending with the model's response-header limit and the watchdog's wall and idle bounds;
+- failures before the answer's head: `Unreachable` (502, or 504 for the watchdog), the sink never started;
+- the body relayed chunk by chunk; a failure mid-answer is the sink's `broke` (an error event, a cut
+  connection, or an error for a buffer), never a truncated answer passed off as complete;
+- the upstream connection: released for reuse when the answer was relayed whole, closed otherwise (a client
+  that left, a cancel, a preemption: closing is what tells the upstream to stop generating);
+- the recording (activity): the body sent, the answer's head, every chunk, the failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from llmswap.activity.recording import Recording
+from llmswap.upstream.pool import Body, Upstream, send
+from llmswap.upstream.watchdog import Watchdog, WatchdogExpired
+
+T = TypeVar("T")
+
+
+class Sink(Protocol):
+    """Where an answer goes as it arrives."""
+
+    async def start(self, status: int, reason: str, headers: CIMultiDictProxy[str]) -> None:
+        """The answer's head; called once, before any chunk."""
+
+    async def write(self, chunk: bytes) -> None: ...
+
+    async def finish(self) -> None:
+        """The answer arrived whole."""
+
+    async def broke(self, status: int, message: str) -> None:
+        """The upstream failed after the head (502), or the watchdog stopped it (504)."""
+
+
+class Unreachable(Exception):
+    """No answer's head: the upstream could not be reached or sent none in time (`status` 502, or 504 when
+    the watchdog stopped it). The sink was never started."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def describe(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+async def forward(
+    upstream: Upstream,
+    method: str,
+    url: URL,
+    headers: Mapping[str, str],
+    body: Body | None,
+    sink: Sink,
+    *,
+    header_timeout: float = 0.0,
+    watchdog: Watchdog | None = None,
+    recording: Recording | None = None,
+    error_prefix: str = "upstream proxy error",
+) -> bool:
+    """Send the request and relay its answer into `sink`; True when the answer arrived whole.
+
+    Raises `Unreachable` when no head came (`error_prefix: why`), and lets through what the sink raises (a
+    client that left: the upstream connection is then closed)."""
+    if recording is not None and recording.wants_request_body and body is not None:
+        recording.request_body(bytes(body))
+    try:
+        answer = await _guarded(watchdog, send(upstream, method, url, headers, body, header_timeout))
+    except WatchdogExpired as exc:
+        raise Unreachable(504, exc.message) from exc
+    except (OSError, TimeoutError, ValueError) as exc:
+        why = f"no response headers within {header_timeout:g}s" if isinstance(exc, TimeoutError) \
+            else describe(exc)
+        message = f"{error_prefix}: {why}"
+        if recording is not None:
+            recording.fail(502, message)
+        raise Unreachable(502, message) from exc
+    completed = False
+    try:
+        if recording is not None:
+            recording.response_headers(answer.status, answer.headers)
+        await sink.start(answer.status, answer.reason, answer.headers)
+        while True:
+            try:
+                chunk = await _guarded(watchdog, answer.read_chunk())
+            except WatchdogExpired as exc:
+                await sink.broke(504, exc.message)
+                return False
+            except (OSError, TimeoutError) as exc:
+                message = f"{error_prefix}: the upstream broke off its answer ({describe(exc)})"
+                if recording is not None:
+                    recording.fail(502, message)
+                await sink.broke(502, message)
+                return False
+            if not chunk:
+                break
+            await sink.write(chunk)
+            if recording is not None:
+                recording.chunk(chunk)
+        await sink.finish()
+        completed = True
+        return True
+    finally:
+        if completed:
+            answer.release()
+        else:
+            answer.close()
+
+
+async def _guarded(watchdog: Watchdog | None, work: Awaitable[T]) -> T:
+    return await (watchdog.guard(work) if watchdog is not None else work)
+
+
+@dataclass
+class Buffer:
+    """A sink that keeps the whole answer (tasks, batches, probes), or its first `limit` bytes (-1: no
+    limit; the rest is read and dropped, and `truncated` says so)."""
+
+    limit: int = -1
+    status: int = 0
+    reason: str = ""
+    headers: CIMultiDictProxy[str] = field(default_factory=lambda: CIMultiDictProxy(CIMultiDict()))
+    failure: str | None = None  # why the answer broke off after its head
+    truncated: bool = False
+    _parts: list[bytes] = field(default_factory=list)
+    _size: int = 0
+
+    async def start(self, status: int, reason: str, headers: CIMultiDictProxy[str]) -> None:
+        self.status, self.reason, self.headers = status, reason, headers
+
+    async def write(self, chunk: bytes) -> None:
+        if self.limit >= 0 and self._size + len(chunk) > self.limit:
+            self.truncated = True
+            chunk = chunk[: self.limit - self._size]
+        self._parts.append(chunk)
+        self._size += len(chunk)
+
+    async def finish(self) -> None:
+        return None
+
+    async def broke(self, status: int, message: str) -> None:
+        self.failure = message
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self._parts)
