@@ -42,7 +42,7 @@ from llmswap.config.settings_section import (
     read_log_level,
     read_log_time_format,
     read_max_request_body,
-    read_preload,
+    read_startup_hooks,
 )
 from llmswap.config.tasks_section import read_tasks, resolve_path
 from llmswap.config.yamltree import Map, parse_document
@@ -186,6 +186,8 @@ def load_tree(
     routing = read_routing(root, model_ids, aliases)
     names = Names(model_ids, aliases, peers)
     selectors = read_selectors(root, names, routing)  # after peers, before profiles (as llama-swap)
+    profiles = read_profiles(root, names, selectors)
+    hooks = read_startup_hooks(root, resolve, selectors, profiles)
     config = Config(
         path=Path(path),
         models=MappingProxyType({model_id: draft.config for model_id, draft in models.items()}),
@@ -193,7 +195,7 @@ def load_tree(
         peers=MappingProxyType(peers),
         routing=routing,
         selectors=MappingProxyType(selectors),
-        profiles=MappingProxyType(read_profiles(root, names, selectors)),
+        profiles=MappingProxyType(profiles),
         health_check_timeout=health_check_timeout,
         start_port=start_port,
         global_ttl=global_ttl,
@@ -204,7 +206,8 @@ def load_tree(
         send_loading_state=send_loading_state,
         include_aliases_in_list=root.flag("includeAliasesInList", False),
         api_keys=read_api_keys(root),
-        preload=read_preload(root, resolve, selectors),
+        preload=hooks.preload,
+        startup_profile=hooks.profile,
         upstream_ignore_paths=read_ignore_paths(root),
         max_request_body=read_max_request_body(root),
         client_header_timeout=read_client_header_timeout(root),

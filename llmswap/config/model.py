@@ -322,6 +322,7 @@ class Config:
     include_aliases_in_list: bool = False
     api_keys: tuple[ApiKey, ...] = ()
     preload: tuple[str, ...] = ()  # hooks.on_startup.preload, resolved to real model ids
+    startup_profile: str | None = None  # hooks.on_startup.profile: active at start-up and after each reload
     upstream_ignore_paths: tuple[str, ...] = DEFAULT_UPSTREAM_IGNORE_PATHS  # regexes
     max_request_body: int = DEFAULT_MAX_REQUEST_BODY  # llmswap: YAML `maxRequestBodySize`
     client_header_timeout: float = DEFAULT_CLIENT_HEADER_TIMEOUT  # llmswap: YAML `clientHeaderTimeout`

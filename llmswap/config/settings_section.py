@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 from llmswap.config.fields import Fields
 from llmswap.config.model import (
@@ -106,13 +107,32 @@ def read_api_keys(root: Fields) -> tuple[ApiKey, ...]:
     return tuple(keys)
 
 
-def read_preload(
-    root: Fields, resolve: Callable[[str], str | None], selectors: Collection[str]
-) -> tuple[str, ...]:
+@dataclass(frozen=True)
+class StartupHooks:
+    """`hooks.on_startup`: the models to load, and the profile active at start-up and after each reload."""
+
+    preload: tuple[str, ...] = ()  # real model ids
+    profile: str | None = None
+
+
+def read_startup_hooks(
+    root: Fields, resolve: Callable[[str], str | None], selectors: Collection[str], profiles: Collection[str],
+) -> StartupHooks:
     hooks = root.mapping("hooks", "a mapping with on_startup:")
     hooks.warn_unknown(("on_startup",))
-    on_startup = hooks.mapping("on_startup", "a mapping with preload:")
-    on_startup.warn_unknown(("preload",))
+    on_startup = hooks.mapping("on_startup", "a mapping with preload: and profile:")
+    on_startup.warn_unknown(("preload", "profile"))
+    profile = on_startup.text("profile").strip() or None
+    if profile is not None and profile not in profiles:
+        known = ", ".join(sorted(profiles)) or "none is defined"
+        on_startup.error("profile", f'"{profile}" is not a profile; name one of profiles: ({known})')
+        profile = None
+    return StartupHooks(_read_preload(root, on_startup, resolve, selectors), profile)
+
+
+def _read_preload(
+    root: Fields, on_startup: Fields, resolve: Callable[[str], str | None], selectors: Collection[str]
+) -> tuple[str, ...]:
     preload: list[str] = []
     for name, line, where in on_startup.texts("preload", "a list of model ids or aliases"):
         name = name.strip()

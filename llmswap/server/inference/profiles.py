@@ -3,7 +3,8 @@
 `ProfileChanged` event a real switch publishes.
 
 None is active at start-up, and every config reload starts again with none (without an event), as in
-llama-swap: the active profile belongs to one config. A request reads the active profile once, when
+llama-swap: the active profile belongs to one config; `hooks.on_startup.profile` names one to be active
+instead, at start-up and after each reload. A request reads the active profile once, when
 its model is resolved; a switch never changes a request already past that point.
 """
 
@@ -52,15 +53,19 @@ class ActiveProfile:
 
 
 class Profiles:
-    """The live config's `ActiveProfile`: none at start, and none again after every reload."""
+    """The live config's `ActiveProfile`: at start and again after every reload, the config's
+    `hooks.on_startup.profile` (none without one, as in llama-swap)."""
 
     def __init__(self, config: Config) -> None:
-        self.active = ActiveProfile(config)
+        self.active = ActiveProfile(config, config.startup_profile)
+        if config.startup_profile is not None:
+            log.info("active profile at start-up: %s (hooks.on_startup.profile)", config.startup_profile)
 
     def follow(self, router: BaseRouter) -> None:
-        # Called inside a reload with the new router, before any request sees it: none active again.
-        if router.config is not self.active.config:
-            self.active = ActiveProfile(router.config)
+        # Called inside a reload with the new router, before any request sees it: the start-up one again.
+        config = router.config
+        if config is not self.active.config:
+            self.active = ActiveProfile(config, config.startup_profile)
 
 
 PROFILES: web.AppKey[Profiles] = web.AppKey("llmswap_profiles", Profiles)

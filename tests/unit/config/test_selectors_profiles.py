@@ -211,3 +211,22 @@ hooks: {on_startup: {preload: [s, b]}}
         'config.yaml:9: hooks.on_startup.preload[0]: "s" is a selector, not preloaded; '
         "list the model to load",
     )
+
+
+def test_a_startup_profile_is_read_and_shown_and_must_name_a_profile() -> None:
+    config = load(MODELS + """\
+profiles:
+  cheap: {pins: {chat: a}}
+hooks: {on_startup: {profile: cheap, preload: [b]}}
+""")
+    assert (config.startup_profile, config.preload) == ("cheap", ("b",))
+    shown = yaml.safe_load(format_config(config))
+    assert shown["hooks"] == {"on_startup": {"preload": ["b"], "profile": "cheap"}}
+    assert one_error(MODELS + """\
+profiles:
+  cheap: {pins: {chat: a}}
+hooks:
+  on_startup:
+    profile: dear
+""") == ('config.yaml:11: hooks.on_startup.profile: "dear" is not a profile; name one of profiles: (cheap)')
+    assert load(MODELS).startup_profile is None
