@@ -21,6 +21,9 @@ POLL_GROWTH = 1.5
 MAX_POLL_DELAY = 0.200
 POLL_DELAY_FRACTION = 0.025  # of the time already spent waiting
 PROBE_TIMEOUT = 1.0  # one probe; the whole start is bounded by healthCheckTimeout elsewhere
+# Seconds of nothing but 404 after which the health endpoint is taken to be missing, rather than waiting out
+# healthCheckTimeout: a loading server answers 503 or not at all, a server without the path answers 404.
+NOT_FOUND_AFTER = 3.0
 
 logger = logging.getLogger("llmswap.process")
 
@@ -55,10 +58,22 @@ async def probe(session: aiohttp.ClientSession, url: str) -> int | None:
         return None
 
 
+class HealthEndpointMissing(Exception):
+    """The server answers, but only 404 at its health endpoint: it has no such path."""
+
+
+def missing_endpoint_message(url: str) -> str:
+    return (f"health check failed: {url} answered 404 for {NOT_FOUND_AFTER:g}s, so the server has no such "
+            "endpoint (llama-cpp-python's server has no /health); set the model's checkEndpoint to a path "
+            "it answers 200 on, such as /v1/models, or to none")
+
+
 async def wait_until_healthy(url: str, *, clock: Callable[[], float]) -> None:
-    """Return once `url` answers HTTP 200. Never gives up by itself: the caller bounds and cancels it."""
+    """Return once `url` answers HTTP 200; raise `HealthEndpointMissing` once it has answered nothing but 404
+    for `NOT_FOUND_AFTER` seconds. Otherwise never gives up by itself: the caller bounds and cancels it."""
     began = clock()
     delay: float | None = None
+    not_found_since: float | None = None
     timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         while True:
@@ -66,5 +81,11 @@ async def wait_until_healthy(url: str, *, clock: Callable[[], float]) -> None:
             if status == 200:
                 logger.info("Health check passed on %s", url)
                 return
+            if status != 404:
+                not_found_since = None
+            elif not_found_since is None:
+                not_found_since = clock()
+            elif clock() - not_found_since >= NOT_FOUND_AFTER:
+                raise HealthEndpointMissing(url)
             delay = next_poll_delay(delay, clock() - began)
             await asyncio.sleep(delay)

@@ -37,7 +37,12 @@ from llmswap.process.child import Child, spawn_child
 from llmswap.process.durations import format_go_duration
 from llmswap.process.errors import StartAborted, StartFailed
 from llmswap.process.events import ProcessEvent, StopCause
-from llmswap.process.health import health_url, wait_until_healthy
+from llmswap.process.health import (
+    HealthEndpointMissing,
+    health_url,
+    missing_endpoint_message,
+    wait_until_healthy,
+)
 from llmswap.process.idle import IdleTimer
 from llmswap.process.logring import LogRing
 from llmswap.process.ports import ensure_port_free
@@ -219,10 +224,10 @@ class Process:
         self._state = ProcessState.STOPPING
         run.grace = min(run.grace, ABORT_GRACE)
         await self._terminate(run, child)
-        message = (
-            f"health check timed out after {format_go_duration(config.health_check_timeout)}: "
-            f"{health_url(config.proxy, config.check_endpoint)} never answered 200"
-        )
+        url = health_url(config.proxy, config.check_endpoint) or ""
+        message = missing_endpoint_message(url) if outcome is Outcome.NO_ENDPOINT else (
+            f"health check timed out after {format_go_duration(config.health_check_timeout)}: {url} never "
+            "answered 200")
         return self._start_failed(run, StartFailed(message + self._last_output(run)), child.returncode)
 
     async def _await_start(self, run: Run, child: Child, deadline: float) -> Outcome:
@@ -238,8 +243,8 @@ class Process:
                 if child.exited.done():
                     return Outcome.EXITED
                 if health.done():
-                    health.result()
-                    return Outcome.READY
+                    missing = isinstance(health.exception(), HealthEndpointMissing)
+                    return Outcome.NO_ENDPOINT if missing else Outcome.READY
                 remaining = deadline - self._clock()
                 if remaining <= 0:
                     return Outcome.TIMED_OUT

@@ -16,6 +16,7 @@ class Outcome(enum.Enum):
     ABORTED = "aborted"
     EXITED = "exited"
     TIMED_OUT = "timed out"
+    NO_ENDPOINT = "no health endpoint"  # the server answers 404 at checkEndpoint
 
 
 class Run:

@@ -98,3 +98,19 @@ async def test_env_entries_reach_the_child(make_process: MakeProcess) -> None:
     process, _ = make_process(config)
     with pytest.raises(StartFailed, match=r"exit code 5\); last output:\n  VALUE=x y"):
         await process.ensure_ready()
+
+
+async def test_a_server_without_the_health_endpoint_fails_its_start_saying_so(
+    make_process: MakeProcess,
+) -> None:
+    # The demo answers 404 at any path it does not serve: the start ends once that has gone on for a few
+    # seconds, long before healthCheckTimeout, with what to change.
+    config = demo_config("nohealth", check_endpoint="/no-such-health", health_check_timeout=30)
+    process, events = make_process(config)
+    with pytest.raises(StartFailed) as failure:
+        await process.ensure_ready()
+    message = failure.value.message
+    assert message.startswith(f"health check failed: {config.proxy}/no-such-health answered 404 for 3s")
+    assert "set the model's checkEndpoint to a path it answers 200 on, such as /v1/models" in message
+    assert process.state is ProcessState.STOPPED
+    assert events.kinds() == ["starting", "start_failed"]
