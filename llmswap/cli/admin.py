@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from llmswap.cli.args import flag, parse_listen
+
 API_KEY_ENV = "LLMSWAP_API_KEY"
 DEFAULT_URL = "http://127.0.0.1:8080"
 COMMANDS = ("ps", "load", "unload")
@@ -39,13 +41,15 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         parser = subcommands.add_parser(name, help=help_text, description=f"{help_text}. The API key, when "
                                         f"the server needs one, is read from ${API_KEY_ENV}.")
-        parser.add_argument("--url", default=DEFAULT_URL,
-                            help=f"the running llmswap's address (default {DEFAULT_URL})")
+        flag(parser, "url", default=DEFAULT_URL,
+             help=f"the running llmswap's address: a URL or HOST:PORT, as --listen takes it (default "
+                  f"{DEFAULT_URL})")
         return parser
 
     ps = command("ps", "show the models that run or have requests: state, footprint, in flight, queued")
-    ps.add_argument("--all", "-a", action="store_true", help="every configured model, running or not")
-    ps.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    flag(ps, "all", action="store_true", help="every configured model, running or not")
+    ps.add_argument("-a", action="store_true", dest="all", help=argparse.SUPPRESS)
+    flag(ps, "json", action="store_true", help="print JSON instead of a table")
     load = command("load", "start a model without sending it a request; wait until it is ready")
     load.add_argument("model", metavar="MODEL", help="a model id or alias")
     unload = command("unload", "stop a model (every model when none is named)")
@@ -76,10 +80,19 @@ class Client:
     api_key: str = ""
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
+        url = self.url
+        if "://" not in url:  # HOST:PORT, as --listen takes it
+            try:
+                host, port = parse_listen(url)
+            except argparse.ArgumentTypeError as err:
+                raise AdminError(f"--url {url!r} is neither a URL nor HOST:PORT ({err}), e.g. "
+                                 f"{DEFAULT_URL}") from None
+            shown = f"[{host}]" if ":" in host else host or "127.0.0.1"
+            url = f"http://{shown}:{port}"
+        parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise AdminError(f"--url {self.url!r} is not an http:// or https:// address, e.g. {DEFAULT_URL}")
-        object.__setattr__(self, "url", self.url.rstrip("/"))
+        object.__setattr__(self, "url", url.rstrip("/"))
 
     def open(self, method: str, path: str, timeout: float | None = TIMEOUT) -> Any:
         """The open response to `method path`; an error status or an unreachable server → AdminError."""

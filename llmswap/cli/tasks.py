@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llmswap.cli.args import add_config_arguments
+from llmswap.cli.args import add_config_arguments, flag
 from llmswap.config import ConfigError, ConfigSources
 from llmswap.config.model import TasksConfig
 from llmswap.tasks.queue.db import TaskStatus, cancel_task, get_task, init_db, insert_task, list_tasks
@@ -32,22 +32,22 @@ def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
 
     submit = command("submit", "queue a task")
     submit.add_argument("type", help="a task type from tasks.types")
-    submit.add_argument(
-        "--params",
+    flag(
+        submit, "params",
         required=True,
         metavar="JSON|@FILE",
         help="the OpenAI request body to send (JSON text, or @path to a JSON file)",
     )
-    submit.add_argument(
-        "--job-id",
+    flag(
+        submit, "job-id", dest="job_id",
         type=int,
         default=None,
         help="deduplicate: a queued or running task of this type and job is not queued again",
     )
     listing = command("list", "list tasks, newest first")
-    listing.add_argument("--status", choices=[s.value for s in TaskStatus])
-    listing.add_argument("--type")
-    listing.add_argument("--limit", type=int, default=50)
+    flag(listing, "status", choices=[s.value for s in TaskStatus])
+    flag(listing, "type")
+    flag(listing, "limit", type=int, default=50)
     show = command("show", "show one task with its result")
     show.add_argument("id", type=int)
     cancel = command("cancel", "cancel a queued task (it is marked failed: cancelled)")

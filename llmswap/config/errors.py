@@ -83,8 +83,14 @@ class Problems:
         return Problem(file, number, path, message, order=line)
 
     def raise_if_errors(self) -> None:
+        """Raise the errors; a warning with a hint (`did you mean ...?`) goes with them, since the key it
+        names is often the reason for an error (`cmd: is required` beside `comand: unknown key`)."""
         if self.errors:
-            raise ConfigError(in_file_order(self.errors))
+            hints = [w for w in self.warnings if HINT in w.message]
+            raise ConfigError(in_file_order([*self.errors, *hints]))
+
+
+HINT = "did you mean"  # how a warning that may explain an error says so
 
 
 def in_file_order(problems: list[Problem]) -> list[Problem]:

@@ -186,11 +186,34 @@ class Fields:
 
     # --- unknown keys -----------------------------------------------------------------------------
 
+    def near_miss(self, key: str, known: Collection[str]) -> str:
+        """For a missing `key`: the hint naming a key written here that is no known key and looks like it
+        (`; 'command' is not a key here, did you mean 'cmd'?`), or ""."""
+        unknown = [name for name in self.map.entries if name not in known]
+        close = closest(key, unknown)
+        return f"; '{close}' is not a key here, did you mean '{key}'?" if close else ""
+
     def warn_unknown(self, known: Collection[str], ignored: Collection[str] = ()) -> None:
         """A warning per key that is neither `known` nor `ignored` (keys llama-swap has, llmswap not)."""
         for key, entry in self.map.entries.items():
             if key in known or key in ignored:
                 continue
-            close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
+            close = closest(key, known)
+            hint = f"; did you mean '{close}'?" if close else ""
             self.problems.warn(entry.key_line, self.path_of(key), f"unknown key, ignored{hint}")
+
+
+def closest(word: str, candidates: Collection[str]) -> str | None:
+    """The candidate `word` most likely stands for: among the close ones, first one that abbreviates it or
+    that it abbreviates (`command` → `cmd`, not `compat`), else the closest."""
+    close = difflib.get_close_matches(word, list(candidates), n=3, cutoff=0.6)
+    for candidate in close:
+        if _abbreviates(candidate.lower(), word.lower()) or _abbreviates(word.lower(), candidate.lower()):
+            return candidate
+    return close[0] if close else None
+
+
+def _abbreviates(short: str, long: str) -> bool:
+    """Whether `short`'s letters appear in `long` in order."""
+    letters = iter(long)
+    return len(short) < len(long) and all(letter in letters for letter in short)

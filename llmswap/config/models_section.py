@@ -281,7 +281,8 @@ def _command(fields: Fields, key: str, *, required: bool) -> tuple[tuple[str, ..
     text = strip_comment_lines(fields.text(key)).strip()
     if not text:
         if required and not isinstance(fields.node(key), Map | Seq):  # a wrong type was reported
-            message = "is required: the command line that starts the model's server"
+            message = "is required: the command line that starts the model's server" + \
+                fields.near_miss(key, MODEL_KEYS)
             if fields.has(key):
                 message = "empty command; give the command line that starts the model's server"
             fields.error(key, message)

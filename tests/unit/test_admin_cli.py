@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmswap.cli.admin import AdminError, Client, model_path, rows, table
+from llmswap.cli.main import build_parser
 
 
 def model(model_id: str, state: str, in_flight: int = 0, waiting: int = 0, **extra) -> dict:
@@ -36,6 +37,25 @@ def test_the_ps_table_has_aligned_columns_with_footprint_counts_and_pid():
 
 def test_a_url_must_be_http_and_model_names_keep_their_slashes():
     with pytest.raises(AdminError, match="not an http:// or https:// address"):
-        Client("127.0.0.1:8080")
+        Client("ftp://127.0.0.1:8080")
     assert Client("http://127.0.0.1:8080/").url == "http://127.0.0.1:8080"
     assert model_path("load", "org/model name") == "/api/models/load/org/model%20name"
+
+
+def test_the_url_takes_host_and_port_as_listen_does() -> None:
+    assert Client("127.0.0.1:8080").url == "http://127.0.0.1:8080"
+    assert Client(":9000").url == "http://127.0.0.1:9000"
+    assert Client("[::1]:8080").url == "http://[::1]:8080"
+    with pytest.raises(AdminError, match="neither a URL nor HOST:PORT"):
+        Client("llmswap")
+
+
+def test_every_admin_and_task_flag_takes_one_dash_as_with_two() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["ps", "-all", "-json", "-url", "127.0.0.1:8081"])
+    assert (args.all, args.json, args.url) == (True, True, "127.0.0.1:8081")
+    assert parser.parse_args(["ps", "-a"]).all
+    listing = parser.parse_args(["tasks", "list", "-limit", "3", "-status", "queued", "-config", "c.yaml"])
+    assert (listing.limit, listing.status, str(listing.config)) == (3, "queued", "c.yaml")
+    submit = parser.parse_args(["tasks", "submit", "t", "-params", "{}", "-job-id", "7"])
+    assert (submit.params, submit.job_id) == ("{}", 7)

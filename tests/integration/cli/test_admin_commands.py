@@ -110,5 +110,8 @@ async def test_nothing_listening_at_the_url_is_a_clear_error() -> None:
         assert ran.status == 1 and ran.out == ""
         assert f"cannot reach llmswap at {url} (connection refused)" in ran.err and "--url" in ran.err
         assert "Traceback" not in ran.err
-    bad = await llmswap("ps", "--url", "localhost:8080")
+    bad = await llmswap("ps", "--url", "ftp://localhost:8080")
     assert bad.status == 1 and "not an http:// or https:// address" in bad.err
+    port = free_port()  # HOST:PORT, as --listen takes it
+    ran = await llmswap("ps", "-url", f"{HOST}:{port}")
+    assert ran.status == 1 and f"cannot reach llmswap at http://{HOST}:{port}" in ran.err

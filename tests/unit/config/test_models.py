@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmswap.config import Capabilities, Filters, Timeouts
+from llmswap.config.fields import closest
 
 from .support import errors_of, load, one_error
 
@@ -402,3 +403,21 @@ def test_alias_equal_to_its_own_model_id_is_ignored_with_a_warning() -> None:
     assert config.models["m"].aliases == ("other",)
     assert dict(config.aliases) == {"other": "m"}
     assert config.warnings == ("config.yaml:4: models.m.aliases[0]: m is the model's own id; ignored",)
+
+
+def test_a_missing_cmd_names_the_near_miss_and_the_hint_stays_beside_the_errors() -> None:
+    errors = errors_of("models:\n  other:\n    command: srv --port 8080\n    proxy: http://127.0.0.1:8080\n"
+                       "    ttl: -5\n")
+    assert errors == [
+        "config.yaml:2: models.other.cmd: is required: the command line that starts the model's server; "
+        "'command' is not a key here, did you mean 'cmd'?",
+        "config.yaml:3: models.other.command: unknown key, ignored; did you mean 'cmd'?",
+        "config.yaml:5: models.other.ttl: must be >= 0, got -5; accepted: -1 (use globalTTL), 0 (never) or a "
+        "positive number of seconds",
+    ]
+
+
+def test_a_suggestion_prefers_the_key_a_word_abbreviates() -> None:
+    assert closest("command", ("cmd", "compat", "cmdStop")) == "cmd"
+    assert closest("tll", ("ttl", "tls")) == "ttl"
+    assert closest("frobnicate", ("ttl", "cmd")) is None
