@@ -23,6 +23,7 @@ JSON_BODY_LIMIT = 16 * 1024 * 1024  # a whole (non-stream) answer larger than th
 # A stream is held for its capture up to this (or 4x the ring, if smaller: it compresses well, but many
 # streams at once must not each hold megabytes); a longer one's capture keeps no response body.
 STREAM_CAPTURE_LIMIT = 8 * 1024 * 1024
+CLIENT_LEFT = "the client went away during the answer"
 _DECODABLE = ("gzip", "x-gzip", "deflate")
 NO_HEADERS: Mapping[str, str] = NO_METADATA  # an empty, read-only mapping
 
@@ -66,8 +67,12 @@ class StreamEnds:
         self._head = bytearray()
         self._tail = bytearray()
         self._trimmed = False
+        # Events relayed (`data:` lines, one per token from llama-server and most servers): what a stream
+        # cut before its usage event is counted by. An event split across two chunks may be missed.
+        self.events = 0
 
     def feed(self, data: bytes) -> None:
+        self.events += data.count(b"data:")
         if len(self._head) < self.HEAD:
             self._head += data[: self.HEAD - len(self._head)]
         self._tail += data
@@ -106,6 +111,7 @@ class Recording:
         "_finished",
         "_keeper",
         "_kept_parts",
+        "_left",
         "_limit",
         "_load_ms",
         "_parts",
@@ -146,6 +152,7 @@ class Recording:
         self._body_overflow = False
         self._finished = False
         self._failure = ""
+        self._left = False
 
     @property
     def wants_request_body(self) -> bool:
@@ -174,6 +181,12 @@ class Recording:
         if self._status is None or self._status < 400:
             self._status = status
         self._failure = message
+
+    def client_left(self) -> None:
+        """The client went away during the answer: the row keeps the status it was sent, says the client
+        left, and counts the tokens a stream had sent by then when no usage event came."""
+        self._left = True
+        self._failure = self._failure or CLIENT_LEFT
 
     def response_headers(self, status: int, headers: Mapping[str, str]) -> None:
         self._status = status
@@ -265,6 +278,8 @@ class Recording:
             message = message or self._decode_error
         elif self._stream is not None:
             tokens, duration = token_stats(self._stream.reported(), wall_ms)
+            if self._left and tokens.output_tokens <= 0:
+                tokens = tokens._replace(output_tokens=self._stream.events)  # cut before its usage event
         elif whole:
             tokens, duration = token_stats(read_json_answer(whole, self.facts.req_path), wall_ms)
         else:

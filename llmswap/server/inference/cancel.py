@@ -57,6 +57,8 @@ async def served(
         return response
     except asyncio.CancelledError:
         if entry is None or entry.cut is None or task is None:
+            if recording is not None:
+                recording.client_left()
             raise  # the client left
         task.uncancel()
         response = await _cut_end(request, entry, entry.cut, sse_error, recording)

@@ -181,6 +181,8 @@ async def forward(
         # The client left while the answer streamed: the forwarder closed the upstream request, which is
         # what stops the upstream generating for nobody.
         log.debug("%s %s: the client disconnected mid-response", request.method, request.path)
+        if recording is not None:
+            recording.client_left()
         return sink.response if sink.response is not None else web.Response(status=CLIENT_CLOSED_REQUEST)
     assert sink.response is not None
     return sink.response
