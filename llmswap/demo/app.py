@@ -31,7 +31,7 @@ def build_app(demo: Demo) -> web.Application:
             body = error_body(request.path, 400, f"could not read the request body: {exc}")
             return web.json_response(body, status=400)
         demo.state.requests += 1
-        if demo.options.log_requests:
+        if demo.options.log_requests and got.path != "/health":  # llmswap probes it while loading
             say(f"request {got.method} {got.path} model={got.model or '-'}")
         try:
             return await handler(request)

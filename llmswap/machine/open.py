@@ -38,6 +38,6 @@ def open_reader(
             return reader
         reader.close()
         reason = "NVML sees no GPU"
-    level = logging.WARNING if prefer == "nvml" else logging.INFO
+    level = logging.WARNING if prefer == "nvml" else logging.DEBUG  # no GPU is the usual case without one
     log.log(level, "%s; measuring host RAM instead", reason)
     return HostReader()

@@ -79,7 +79,7 @@ async def wait_until_healthy(url: str, *, clock: Callable[[], float]) -> None:
         while True:
             status = await probe(session, url)
             if status == 200:
-                logger.info("Health check passed on %s", url)
+                logger.debug("Health check passed on %s", url)
                 return
             if status != 404:
                 not_found_since = None

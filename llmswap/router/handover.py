@@ -102,8 +102,8 @@ def successor_router(
     handover.begin()
     kept = sorted(adopted)
     dropped = sorted(set(old.processes) - adopted)
-    log.info("reload: %d model(s) kept running as they were %s, %d replaced or removed %s",
-             len(kept), kept, len(dropped), dropped)
+    log.debug("reload: %s adopts the processes of %s; %s are stopped by the old router", new.name,
+              ", ".join(kept) or "no model", ", ".join(dropped) or "none")
     return new
 
 

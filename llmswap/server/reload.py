@@ -39,6 +39,7 @@ class ReloadOutcome:
     applied: bool
     error: str = ""
     kept: tuple[str, ...] = ()  # unchanged models: their process (running or not) carried over
+    running: tuple[str, ...] = ()  # the kept ones whose process was running then
     changed: tuple[str, ...] = ()  # their old process was stopped; the new one starts on demand
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
@@ -80,17 +81,27 @@ def apply_config(state: ServerState, config: Config) -> ReloadOutcome:
     outcome = ReloadOutcome(
         applied=True,
         kept=tuple(sorted(kept)),
+        running=tuple(sorted(m for m in kept if m in old.processes and old.processes[m].state.is_running)),
         changed=tuple(sorted(m for m in config.models if m in old.config.models and m not in kept)),
         added=tuple(sorted(m for m in config.models if m not in old.config.models)),
         removed=tuple(sorted(m for m in old.config.models if m not in config.models)),
     )
-    log.info("config reload: applied (unchanged %s, restarted %s, added %s, removed %s)",
-             _names(outcome.kept), _names(outcome.changed), _names(outcome.added), _names(outcome.removed))
+    log.info("config reload: applied; %s", describe_outcome(outcome))
     return outcome
 
 
-def _names(models: tuple[str, ...]) -> str:
-    return "[" + ", ".join(models) + "]"
+def describe_outcome(outcome: ReloadOutcome) -> str:
+    """What a reload did to each model, in one line: only the groups that have any."""
+    idle = tuple(m for m in outcome.kept if m not in outcome.running)
+    parts = [
+        (outcome.running, "kept running"),
+        (idle, "kept, not running"),
+        (outcome.changed, "changed, stopped (they start again on demand)"),
+        (outcome.removed, "removed, stopped"),
+        (outcome.added, "added"),
+    ]
+    said = [f"{what}: {', '.join(models)}" for models, what in parts if models]
+    return "; ".join(said) if said else "no model is configured"
 
 
 @dataclass(frozen=True)

@@ -167,13 +167,18 @@ def access_line(remote: str | None, method: str, path: str, status: int, seconds
     return line
 
 
+QUIET_ANSWERS = frozenset({(200, "/health"), (200, "/wol-health"), (404, "/favicon.ico")})
+
+
 def report(answered: Answered, observers: Sequence[RequestObserver]) -> None:
-    """Write the access line of an answered request (formatted only when the access log takes INFO) and
-    tell the observers."""
-    if access_logger.isEnabledFor(logging.INFO):
+    """Write the access line of an answered request (formatted only when the access log takes its level)
+    and tell the observers. Health probes that pass (a container's, a monitor's: every few seconds) and a
+    browser's favicon request llmswap has no icon for are debug lines."""
+    level = logging.DEBUG if (answered.status, answered.path) in QUIET_ANSWERS else logging.INFO
+    if access_logger.isEnabledFor(level):
         line = access_line(answered.remote, answered.method, answered.path, answered.status,
                            answered.seconds, answered.model, answered)
-        deliver_line(access_logger, logging.INFO, line)
+        deliver_line(access_logger, level, line)
     for observe in observers:
         try:
             observe(answered)

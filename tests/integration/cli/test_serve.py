@@ -218,3 +218,22 @@ async def test_at_the_grace_deadline_answers_still_running_end_with_an_error_and
     cut_lines = [line for line in server.stdout_lines if "cut=shutdown" in line]
     assert len(cut_lines) == 2, server.output()
     assert any("cut 2 requests still in flight" in line for line in server.stdout_lines)
+
+
+async def test_a_plain_start_load_and_reload_log_only_what_a_user_reads(tmp_path: Path) -> None:
+    # No NVML notice, no health-probe lines (llmswap's or the demo's), no favicon 404; the reload says
+    # which model kept running and which did not.
+    config = write_config(tmp_path / "config.yaml", {"a": demo_model("a", "--log-requests"),
+                                                     "b": demo_model("b")}, logToStdout="both")
+    async with running_llmswap(config) as server, aiohttp.ClientSession() as http:
+        async with http.post(f"{server.url}/v1/chat/completions", json=chat("a")) as response:
+            assert response.status == 200
+        async with http.get(f"{server.url}/favicon.ico") as response:
+            assert response.status == 404
+        await server.wait_for_output("request POST /v1/chat/completions")  # the demo's own line
+        server.send_signal(signal.SIGHUP)
+        line = await server.wait_for_output("config reload: applied")
+        assert line.endswith("config reload: applied; kept running: a; kept, not running: b")
+    output = "\n".join(server.stdout_lines)
+    for quiet in ("NVML", "Health check passed", "GET /health", "favicon"):
+        assert quiet not in output, output

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from llmswap.config import ConfigSources
-from llmswap.server.reload import ConfigWatcher, ReloadOutcome
+from llmswap.server.reload import ConfigWatcher, ReloadOutcome, describe_outcome
 
 
 def bump_mtime(path: Path) -> None:
@@ -105,3 +105,13 @@ def test_a_config_directory_briefly_missing_is_not_a_change(tmp_path: Path) -> N
     assert not watcher.changed()
     moved.rename(directory)
     assert not watcher.changed()
+
+
+def test_a_reload_says_what_it_did_to_each_model_in_one_line() -> None:
+    outcome = ReloadOutcome(applied=True, kept=("large", "small"), running=("small",), changed=("medium",),
+                            added=("new",), removed=("old",))
+    assert describe_outcome(outcome) == (
+        "kept running: small; kept, not running: large; changed, stopped (they start again on demand): "
+        "medium; removed, stopped: old; added: new")
+    assert describe_outcome(ReloadOutcome(applied=True, kept=("a",))) == "kept, not running: a"
+    assert describe_outcome(ReloadOutcome(applied=True)) == "no model is configured"
