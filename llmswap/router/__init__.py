@@ -8,7 +8,14 @@ from collections.abc import Callable
 from llmswap.config.model import Config
 from llmswap.machine.reader import MemoryReader
 from llmswap.router.base import BaseRouter
-from llmswap.router.types import AcquireOptions, ProcessFactory, ProcessLike, SwapFinished, SwapStarted
+from llmswap.router.types import (
+    AcquireOptions,
+    LoadProgress,
+    ProcessFactory,
+    ProcessLike,
+    SwapFinished,
+    SwapStarted,
+)
 
 
 def build_router(
@@ -39,6 +46,6 @@ def build_router(
 
 
 __all__ = [
-    "AcquireOptions", "BaseRouter", "ProcessFactory", "ProcessLike", "SwapFinished", "SwapStarted",
-    "build_router",
+    "AcquireOptions", "BaseRouter", "LoadProgress", "ProcessFactory", "ProcessLike", "SwapFinished",
+    "SwapStarted", "build_router",
 ]

@@ -19,9 +19,18 @@ from typing import TYPE_CHECKING
 
 from llmswap.process.state import RUNNING, ProcessState
 from llmswap.router.succession import Succession
-from llmswap.router.types import ProcessLike, RouterEvent, RouterStats, SwapFinished, SwapStarted, Waiter
+from llmswap.router.types import (
+    LoadProgress,
+    ProcessLike,
+    RouterEvent,
+    RouterStats,
+    SwapFinished,
+    SwapStarted,
+    Waiter,
+)
 from llmswap.scheduler.errors import SchedulerError, SwapFailed
-from llmswap.scheduler.types import Effects, HandlerRequest, StopDone, SwapDone, SwapPlan
+from llmswap.scheduler.estimates import ServiceTimes
+from llmswap.scheduler.types import Effects, HandlerRequest, Scheduler, StopDone, SwapDone, SwapPlan
 
 log = logging.getLogger("llmswap.router")
 
@@ -29,6 +38,7 @@ log = logging.getLogger("llmswap.router")
 @dataclass
 class _Swap:
     plan: SwapPlan
+    started: float  # the router's clock when the swap began
     task: asyncio.Task[None] | None = None
     starting: bool = False  # past the evictions: cancelling the task now aborts the target's start
     evicted: bool = False  # every victim is stopped
@@ -39,6 +49,7 @@ class RouterEffects(Effects):
     """The router's `Effects` (see the module docstring); `BaseRouter` provides the run loop and the rest."""
 
     name: str
+    scheduler: Scheduler
     processes: dict[str, ProcessLike]
     succession: Succession
     stats: RouterStats
@@ -125,10 +136,25 @@ class RouterEffects(Effects):
         self.stats.swaps_by_rule[plan.rule] = self.stats.swaps_by_rule.get(plan.rule, 0) + 1
         for victim in plan.evict:
             self.stats.evictions[victim] = self.stats.evictions.get(victim, 0) + 1
-        swap = _Swap(plan)
+        swap = _Swap(plan, self.clock())
         swap.task = asyncio.get_running_loop().create_task(self._do_swap(swap), name=f"swap:{plan.model}")
         self._swaps[plan.model] = swap
         self._notify(SwapStarted(plan))
+
+    def load_progress(self, model: str) -> LoadProgress | None:
+        """How far a swap to `model` under way is (None when none is): its time so far against the loads
+        of it measured before (the scheduler's smoothed load time, else the last load seen here)."""
+        swap = self._swaps.get(model)
+        if swap is None or swap.aborted:
+            return None
+        expected: float | None = None
+        times = getattr(self.scheduler, "times", None)
+        if isinstance(times, ServiceTimes) and times.observed(model)[1] > 0:
+            expected = times.load(model)
+        elif model in self._loads:
+            start, ready = self._loads[model]
+            expected = ready - start
+        return LoadProgress(model, self.clock() - swap.started, expected)
 
     def abort_swap(self, model: str) -> None:
         swap = self._swaps.get(model)

@@ -192,3 +192,28 @@ class RouterStats:
     evictions: dict[str, int] = field(default_factory=dict)
     swap_failures: int = 0
 
+
+@dataclass(frozen=True)
+class LoadProgress:
+    """How far a model's load is, as far as llmswap can tell: the time it has taken so far against the
+    time its loads took before (`expected`; None before the first). No server llmswap fronts reports its
+    own load progress, so `fraction` is that estimate, held below 1 until the model is ready."""
+
+    model: str
+    elapsed: float
+    expected: float | None
+
+    @property
+    def fraction(self) -> float | None:
+        if self.expected is None or self.expected <= 0:
+            return None
+        return min(MOST_BEFORE_READY, self.elapsed / self.expected)
+
+    def as_dict(self) -> dict[str, Any]:
+        fraction = self.fraction
+        return {"model": self.model, "elapsed_seconds": round(self.elapsed, 2),
+                "expected_seconds": None if self.expected is None else round(self.expected, 2),
+                "progress": None if fraction is None else round(fraction, 3)}
+
+
+MOST_BEFORE_READY = 0.99  # an estimate never says a load is done: only the ready model does

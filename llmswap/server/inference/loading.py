@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from llmswap.router.types import LoadProgress
 from llmswap.server.inference.proxy import SseErrorFormatter, openai_sse_error
 
 RULE = "━━━━━"
@@ -35,6 +36,7 @@ CHARS_PER_SECOND = 75.0  # typing speed of the commentary
 CHUNK_RUNES = 5  # characters per event while typing
 FIRST_REMARK_DELAY = 0.0  # the first tick makes a remark, like llama-swap's
 REMARK_EVERY = (5.0, 9.0)  # seconds between later remarks, drawn uniformly
+PROGRESS_EVERY = 4  # ticks between progress estimates (`~40%`), when the model's load time is known
 
 REMARKS: tuple[str, ...] = (
     "Warming up the weights",
@@ -168,6 +170,7 @@ class LoadingFeedback:
         dialect: StreamDialect,
         *,
         position: int = 0,
+        progress: Callable[[], LoadProgress | None] | None = None,
         tick: float = TICK,
         chars_per_second: float = CHARS_PER_SECOND,
         rng: random.Random | None = None,
@@ -190,6 +193,7 @@ class LoadingFeedback:
         self._remarks = list(REMARKS)
         self._rng.shuffle(self._remarks)
         self._pending_position = position or None
+        self._progress = progress
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._started_at = time.monotonic()
@@ -244,8 +248,10 @@ class LoadingFeedback:
         await self._send(f"{RULE}\n")
         await self._send(f"llmswap loading model: {self.model_id}\n")
         remark_index = 0
+        ticks = 0
         next_remark_at = time.monotonic() + FIRST_REMARK_DELAY
         while not await self._wait(self._tick):
+            ticks += 1
             heartbeat = self.dialect.tick()
             if heartbeat:
                 await self.response.write(heartbeat)
@@ -261,8 +267,20 @@ class LoadingFeedback:
                 await self._send(" ")
                 remark_index += 1
                 next_remark_at = time.monotonic() + self._rng.uniform(*REMARK_EVERY)
+            elif (estimate := self._estimate(ticks)) is not None:
+                await self._send(estimate)
             else:
                 await self._send(".")
+
+    def _estimate(self, ticks: int) -> str | None:
+        """Every `PROGRESS_EVERY` ticks, how far the load is by the model's measured load times (` ~40%`)."""
+        if self._progress is None or ticks % PROGRESS_EVERY:
+            return None
+        progress = self._progress()
+        fraction = progress.fraction if progress is not None else None
+        if progress is None or fraction is None or progress.expected is None:
+            return None
+        return f" ~{fraction * 100:.0f}% (loads take ~{progress.expected:.1f}s) "
 
     async def _type(self, text: str) -> None:
         """Send `text` a few characters at a time at typing speed; the rest is dropped once stopped."""

@@ -278,7 +278,8 @@ async def _serve_local(
     def on_admitted(model_state: ProcessState) -> None:
         nonlocal feedback
         if found.streaming and model.send_loading_state and model_state is not ProcessState.READY:
-            feedback = LoadingFeedback(request, model.id, found.model, incoming.dialect, position=position)
+            feedback = LoadingFeedback(request, model.id, found.model, incoming.dialect, position=position,
+                                       progress=lambda: router.load_progress(model.id))
             feedback.start()
 
     refusal = guardrails.over_context(request.app, model, found.document)

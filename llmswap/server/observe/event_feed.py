@@ -71,6 +71,7 @@ class EventFeed:
         self._open: dict[int, SwapRecord] = {}  # id(plan) -> record, while the swap runs
         self._swap_ids = itertools.count(1)
         self._published: dict[str, QueueCounts] = {}  # what the last queue events said, per model
+        self._loading_sent: dict[str, int] = {}  # per model loading: the mark its last `loading` event had
         self._status: list[dict[str, Any]] | None = None  # the last modelStatus sent
         self._sent_bytes: dict[str, int] = {}  # in-flight id -> resp_bytes last published
         self._check_pending = False
@@ -245,6 +246,23 @@ class EventFeed:
                 self._published[model] = counts
                 self.bus.publish(Event("queue", counts.as_dict(model)))
 
+    def check_loading(self) -> None:
+        """A `loading` event per model whose load is under way, when its estimate moved (a whole percent,
+        or a tenth of a second when its load time is not known yet)."""
+        router = self.server_state.router
+        loading = router.snapshot().loading
+        for model in sorted(loading):
+            progress = router.load_progress(model)
+            if progress is None:
+                continue
+            fraction = progress.fraction
+            mark = round(fraction * 100) if fraction is not None else -round(progress.elapsed * 10)
+            if self._loading_sent.get(model) != mark:
+                self._loading_sent[model] = mark
+                self.bus.publish(Event("loading", progress.as_dict()))
+        for model in [m for m in self._loading_sent if m not in loading]:
+            del self._loading_sent[model]
+
     async def _watch_counts(self) -> None:
         # Requests joining a queue or relaying bytes have no notification of their own: look often, but
         # only while someone listens.
@@ -252,6 +270,7 @@ class EventFeed:
             while self.bus.subscribers:
                 self.check_queues()
                 self.check_progress()
+                self.check_loading()
                 await asyncio.sleep(self.poll)
         finally:
             self._poller = None

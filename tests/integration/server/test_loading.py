@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import aiohttp
 import anthropic
 import openai
+import pytest
 
+from llmswap.server.inference import loading
 from tests.helpers.models import demo_config, exclusive_config
 from tests.helpers.sse import Event, parse_events
 from tests.integration.server.conftest import ServeConfig, until
+from tests.integration.server.test_events import events
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -214,3 +218,24 @@ async def test_anthropic_progress_stream_reports_a_failed_load_as_an_error_event
     error = events[-1].json()
     assert error["type"] == "error" and error["error"]["type"] == "api_error"
     assert "exited prematurely" in error["error"]["message"]
+
+
+async def test_a_second_load_shows_a_progress_estimate_from_the_measured_load_time(
+    serve_config: ServeConfig, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(loading, "PROGRESS_EVERY", 1)  # an estimate at every tick after the first remark
+    model = demo_config("m", "--startup-delay", "2", send_loading_state=True)
+    served = await serve_config(exclusive_config(model))
+    async with http.post(served.at("/api/models/load/m")) as response:  # the first load is measured
+        assert response.status == 200
+    async with http.post(served.at("/api/models/unload/m")) as response:
+        assert response.status == 200
+    body = {"model": "m", "messages": MESSAGES, "max_tokens": 3, "stream": True}
+    chat = served.at("/v1/chat/completions")
+    async with events(http, served) as feed, http.post(chat, json=body) as response:
+        seen = await feed.until("loading", model="m")
+        streamed = parse_events((await response.read()).decode())
+    text = commentary(split_at_done(streamed)[0])
+    assert re.search(r" ~\d+% \(loads take ~\d\.\ds\) ", text), text
+    assert seen["expected_seconds"] >= 1.5 and 0 <= seen["progress"] < 1
+    assert seen["elapsed_seconds"] < seen["expected_seconds"] * 2
