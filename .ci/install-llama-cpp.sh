@@ -2,20 +2,20 @@
 # Installs llama-cpp-python (the real llama.cpp upstream of tests/e2e/llamacpp and bench) into .venv.
 #
 # llama-cpp-python ships only a source distribution: pip compiles llama.cpp, ~5 minutes on 2 cores. The wheel
-# it builds is kept in .cache/wheels/ (gitignored) and reused by every later run on the same machine; delete
-# it to rebuild. GGML_NATIVE=OFF builds for a generic x86-64 CPU rather than this one's exact instruction set,
+# it builds is kept in ~/.cache/llmswap/wheels/, outside the checkout, so every later run on the same machine
+# reuses it, CI's fresh clones included; delete it to rebuild. GGML_NATIVE=OFF builds for a generic x86-64 CPU rather than this one's exact instruction set,
 # so a cached wheel stays valid when CI lands on another machine; tools, examples, tests and the C++ server
 # are not needed (llama_cpp.server is Python) and are skipped to shorten the build.
 #
 # Usage: .ci/install-llama-cpp.sh
 #   PYTHON=path/to/python    install into another environment than .venv
-#   LLAMA_CPP_WHEELS=dir     keep the built wheel somewhere other than .cache/wheels
+#   LLAMA_CPP_WHEELS=dir     keep the built wheel somewhere other than ~/.cache/llmswap/wheels
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VERSION=0.3.36
 PYTHON=${PYTHON:-.venv/bin/python}
-CACHE=${LLAMA_CPP_WHEELS:-.cache/wheels}
+CACHE=${LLAMA_CPP_WHEELS:-${HOME:-/root}/.cache/llmswap/wheels}
 WHEEL_GLOB="llama_cpp_python-${VERSION}-*.whl"
 
 if [ ! -x "$PYTHON" ]; then
