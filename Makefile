@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
+	@echo "llmswap on http://$(LISTEN): its status page is http://$(LISTEN)/ui (Ctrl-C stops it)"
 	$(VENV)/bin/llmswap --config examples/demo.yaml --listen $(LISTEN)
 
 test: $(STAMP)

@@ -174,8 +174,8 @@ class Server:
                 f"is another server using it? choose another address with --listen HOST:PORT"
             ) from None
         self.url = _url(self.runner, self.options.host, "https" if tls else "http")
-        log.info("llmswap %s listening on %s (%d models, router %s)", __version__, self.url,
-                 len(config.models), self.state.router.name)
+        log.info("llmswap %s listening on %s (%d models, router %s); the status page is %s/ui", __version__,
+                 self.url, len(config.models), self.state.router.name, self.url)
         if config.preload:
             self._spawn(preload(self.state, config.preload), "preload")
         if self._watcher is not None:

@@ -235,5 +235,6 @@ async def test_a_plain_start_load_and_reload_log_only_what_a_user_reads(tmp_path
         line = await server.wait_for_output("config reload: applied")
         assert line.endswith("config reload: applied; kept running: a; kept, not running: b")
     output = "\n".join(server.stdout_lines)
+    assert f"the status page is {server.url}/ui" in output  # where a newcomer looks next
     for quiet in ("NVML", "Health check passed", "GET /health", "favicon"):
         assert quiet not in output, output
