@@ -296,3 +296,31 @@ async def test_the_load_and_unload_buttons_start_and_stop_a_model(tmp_path: Path
         await page.evaluate(f"{button('m', 'unload')}.click()")
         await page.wait_for(f"{model_state('m')} === 'stopped'", what="m shown stopped after Unload")
         assert served.router.model_state("m") is ProcessState.STOPPED
+
+
+async def test_a_loading_model_shows_its_progress_estimate(tmp_path: Path) -> None:
+    # The first load is measured; the second shows `~NN% of ~2.0 s` under the model's state while it lasts.
+    config = exclusive_config(demo_config("m", "--startup-delay", "2"), api_keys=(ApiKey(KEY),))
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=WITHIN)
+    auth = {"Authorization": f"Bearer {KEY}"}
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as http,
+        serving(config) as served,
+        chromium(tmp_path, http) as page,
+    ):
+        async with http.post(served.at("/api/models/load/m"), headers=auth) as response:
+            assert response.status == 200
+        async with http.post(served.at("/api/models/unload/m"), headers=auth) as response:
+            assert response.status == 200
+        await page.call("Page.enable")
+        await page.navigate(served.at(f"/ui#key={KEY}"))
+        await page.wait_for("document.body.dataset.connection === 'live'", what="the page to connect")
+        await page.evaluate(f"{button('m', 'load')}.click()")
+        shown = 'document.querySelector(\'tr[data-model="m"] [data-progress]\')'
+        await page.wait_for(f"{shown} && {shown}.dataset.progress !== ''", what="the load's estimate shown")
+        text = await page.evaluate(f"{shown}.textContent")
+        assert text.startswith("~") and "% of ~" in text, text
+        fraction = float(await page.evaluate(f"{shown}.dataset.progress"))
+        assert 0 <= fraction < 1
+        await page.wait_for(f"{model_state('m')} === 'ready'", what="m ready")
+        assert await page.evaluate(shown) is None  # the estimate goes with the load
