@@ -2,8 +2,8 @@
 
 Each row puts llmswap next to a baseline measured (or, for llama-swap's health-check schedule and the FIFO
 scheduler, computed) in the same run, and gives their ratio. Progress goes to stderr; the table, the machine
-and the command go to stdout as markdown, ready for the README. Asserts nothing; `--quick` is a smoke run
-with far fewer samples (its numbers are noisy).
+and the command go to stdout as markdown, ready for docs/benchmarks.md. Asserts nothing; `--quick` is a smoke
+run with far fewer samples (its numbers are noisy).
 
 Rows and where they come from:
 - cold-start overhead: bench.cold_start's measured cold starts of the demo upstream, against llama-swap's
