@@ -3,7 +3,7 @@
 One `ServerMetrics` per app, with its own `CollectorRegistry` (never the global one: two apps in one
 process, or a test suite, must not share counters). Three sources feed it:
 
-- every answered request, from whichever front served it (`REQUEST_OBSERVERS`, an `Answered` each):
+- every answered request (`REQUEST_OBSERVERS`, an `Answered` each):
   requests by model, route and status; request duration, time to the first upstream byte and the wait
   for the router's grant (`llmswap.server.observe.request_metrics`: plain numbers, made into families when
   scraped);

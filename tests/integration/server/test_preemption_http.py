@@ -55,7 +55,7 @@ async def test_a_low_priority_answer_granted_at_once_is_ended_with_a_preempted_e
     serve_config: ServeConfig, http: aiohttp.ClientSession
 ) -> None:
     # bg is loaded and idle first, so the slow whole answer is granted at once (no queue round trip), and
-    # not streamed (the front serves it); the interactive request must still end it, with a clean 503.
+    # not streamed; the interactive request must still end it, with a clean 503.
     served = await serve_config(preempting_config())
     batch = {"Authorization": "Bearer sk-batch"}
     warm = {"model": "bg", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}

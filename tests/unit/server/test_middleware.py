@@ -1,4 +1,4 @@
-"""Access-log lines and the report every front makes of an answered request (no event loop). CORS
+"""Access-log lines and the report made of every answered request (no event loop). CORS
 preflight answers are tested in test_guard.py."""
 
 import logging
