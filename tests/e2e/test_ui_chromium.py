@@ -299,8 +299,8 @@ async def test_the_load_and_unload_buttons_start_and_stop_a_model(tmp_path: Path
 
 
 async def test_a_loading_model_shows_its_progress_estimate(tmp_path: Path) -> None:
-    # The first load is measured; the second shows `~NN% of ~2.0 s` under the model's state while it lasts.
-    config = exclusive_config(demo_config("m", "--startup-delay", "2"), api_keys=(ApiKey(KEY),))
+    # The first load is measured; the second shows `~NN% of ~3.0 s` under the model's state while it lasts.
+    config = exclusive_config(demo_config("m", "--startup-delay", "3"), api_keys=(ApiKey(KEY),))
     timeout = aiohttp.ClientTimeout(total=None, sock_read=WITHIN)
     auth = {"Authorization": f"Bearer {KEY}"}
     async with (
@@ -315,6 +315,7 @@ async def test_a_loading_model_shows_its_progress_estimate(tmp_path: Path) -> No
         await page.call("Page.enable")
         await page.navigate(served.at(f"/ui#key={KEY}"))
         await page.wait_for("document.body.dataset.connection === 'live'", what="the page to connect")
+        await page.wait_for(f"{model_state('m')} === 'stopped'", what="m shown stopped")
         await page.evaluate(f"{button('m', 'load')}.click()")
         shown = 'document.querySelector(\'tr[data-model="m"] [data-progress]\')'
         await page.wait_for(f"{shown} && {shown}.dataset.progress !== ''", what="the load's estimate shown")
