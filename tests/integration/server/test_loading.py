@@ -224,7 +224,7 @@ async def test_a_second_load_shows_a_progress_estimate_from_the_measured_load_ti
     serve_config: ServeConfig, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(loading, "PROGRESS_EVERY", 1)  # an estimate at every tick after the first remark
-    model = demo_config("m", "--startup-delay", "2", send_loading_state=True)
+    model = demo_config("m", "--startup-delay", "3", send_loading_state=True)  # ticks at 0.75 s: room
     served = await serve_config(exclusive_config(model))
     async with http.post(served.at("/api/models/load/m")) as response:  # the first load is measured
         assert response.status == 200
