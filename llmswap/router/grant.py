@@ -5,7 +5,7 @@ counts in flight twice: on the scheduler's books (`Scheduler.try_grant_now`/`on_
 `ServeDone` takes it off) and on its process (the TTL holds: `request_started`/`request_ended`). `release`
 ends both, once: a second call changes nothing. A preemption (`Effects.preempt`) cancels the task that
 was serving the request when it was granted; `release` turns that cancellation into the `Preempted` its caller
-must raise instead (the task's cancel is consumed); `with grant:` does both (`Ends`).
+must raise instead (the task's cancel is consumed); `with grant:` does both.
 """
 
 from __future__ import annotations
@@ -19,25 +19,7 @@ from llmswap.scheduler.errors import Preempted
 from llmswap.scheduler.types import HandlerRequest, ServeDone
 
 
-class Ends:
-    """Ended by `release` exactly once; `with it:` releases it as the block ends, with the block's error,
-    and raises `Preempted` in place of the cancellation a preemption caused."""
-
-    __slots__ = ()
-
-    def release(self, error: BaseException | None = None) -> Preempted | None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
-        preempted = self.release(error)
-        if preempted is not None:
-            raise preempted from None
-
-
-class Grant(Ends):
+class Grant:
     """`process` serves the granted request `request` until `release`; see the module docstring.
 
     Made by the router when its grant is final (the caller is there, not preempted yet). A plain class with
@@ -82,3 +64,12 @@ class Grant(Ends):
         # the model learns as it is handled.
         self._end(ServeDone(self.model, req, read_backlog(self._backlog)))
         return preempted
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
+        """Release with the block's error; raise `Preempted` in place of a preemption's cancellation."""
+        preempted = self.release(error)
+        if preempted is not None:
+            raise preempted from None
