@@ -82,50 +82,51 @@ REQUEST_OBSERVERS: web.AppKey[list[RequestObserver]] = web.AppKey("llmswap_reque
 ACCESS: web.RequestKey[AccessRecord] = web.RequestKey("llmswap_access", AccessRecord)
 
 
+def access_record(request: web.BaseRequest) -> AccessRecord | None:
+    """The request's access record (None for a request the middleware did not frame)."""
+    record = request.get(ACCESS)
+    return record if isinstance(record, AccessRecord) else None
+
+
 def note_model(request: web.Request, model: str) -> None:
     """Name the model a request was for, so its access-log line says it."""
-    record = request.get(ACCESS)
-    if isinstance(record, AccessRecord):
+    if (record := access_record(request)) is not None:
         record.model = model
 
 
 def note_wait(request: web.Request, seconds: float) -> None:
     """Record how long the request waited for the router to grant its model."""
-    record = request.get(ACCESS)
-    if isinstance(record, AccessRecord):
+    if (record := access_record(request)) is not None:
         record.waited = seconds
 
 
 def note_load(request: web.Request, seconds: float) -> None:
     """Record how much of the request's wait its model spent loading."""
-    record = request.get(ACCESS)
-    if isinstance(record, AccessRecord):
+    if (record := access_record(request)) is not None:
         record.load = seconds
 
 
 def note_answering(request: web.BaseRequest) -> None:
     """Record that the answer's status and headers went out (a later error can no longer be a response)."""
-    record = request.get(ACCESS)
-    if isinstance(record, AccessRecord):
+    if (record := access_record(request)) is not None:
         record.answering = True
 
 
 def note_cut(request: web.BaseRequest, reason: str) -> None:
     """Record that llmswap ended the request itself, and why (the access line's `cut=`)."""
-    record = request.get(ACCESS)
-    if isinstance(record, AccessRecord):
+    if (record := access_record(request)) is not None:
         record.cut = reason
 
 
 def answering(request: web.BaseRequest) -> bool:
-    record = request.get(ACCESS)
-    return isinstance(record, AccessRecord) and record.answering
+    record = access_record(request)
+    return record is not None and record.answering
 
 
 def note_first_byte(request: web.BaseRequest) -> None:
     """Record that the first byte of the upstream's answer went out now (only the first call counts)."""
-    record = request.get(ACCESS)
-    if isinstance(record, AccessRecord) and record.first_byte is None:
+    record = access_record(request)
+    if record is not None and record.first_byte is None:
         record.first_byte = time.monotonic() - record.started
 
 
