@@ -42,6 +42,7 @@ class ActivityRecord(NamedTuple):
     queue_ms: int | None = None  # waiting behind other requests for the model
     load_ms: int | None = None  # waiting for a swap this request caused or joined
     ttfb_ms: int | None = None  # arrival → first byte of the answer
+    restore_ms: int | None = None  # of load_ms, restoring the model's saved KV cache (kvCache models)
 
     def as_dict(self, has_capture: bool = False) -> dict[str, Any]:
         row: dict[str, Any] = {
@@ -61,6 +62,7 @@ class ActivityRecord(NamedTuple):
             "queue_ms": self.queue_ms,
             "load_ms": self.load_ms,
             "ttfb_ms": self.ttfb_ms,
+            "restore_ms": self.restore_ms,
         }
         if self.error_msg:
             row["error_msg"] = self.error_msg

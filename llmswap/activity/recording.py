@@ -118,6 +118,7 @@ class Recording:
         "_queue_ms",
         "_raw_response_headers",
         "_request_body",
+        "_restore_ms",
         "_size",
         "_started",
         "_status",
@@ -139,6 +140,7 @@ class Recording:
         self._request_body: bytes | None = None
         self._queue_ms: int | None = None
         self._load_ms: int | None = None
+        self._restore_ms: int | None = None
         self._ttfb_ms: int | None = None
         self._status: int | None = None
         self._content_type = ""
@@ -166,10 +168,13 @@ class Recording:
         if kept is not None and kept[1] and len(body) <= self._capture_limit:
             self._request_body = body if type(body) is bytes else bytes(body)
 
-    def waited(self, queue_seconds: float | None, load_seconds: float | None = None) -> None:
-        """Time spent behind other requests, and waiting for a model load this request caused or joined."""
+    def waited(self, queue_seconds: float | None, load_seconds: float | None = None,
+               restore_seconds: float | None = None) -> None:
+        """Time spent behind other requests, and waiting for a model load this request caused or joined (of
+        which restoring the model's saved KV cache took `restore_seconds`)."""
         self._queue_ms = None if queue_seconds is None else int(queue_seconds * 1000)
         self._load_ms = None if load_seconds is None else int(load_seconds * 1000)
+        self._restore_ms = None if restore_seconds is None else int(restore_seconds * 1000)
 
     @property
     def answered(self) -> bool:
@@ -293,6 +298,7 @@ class Recording:
             dict(facts.metadata) if facts.metadata else NO_METADATA,  # metadata
             facts.requested_model or facts.model, facts.origin, facts.key_name,  # requested_model...
             self.started, self._queue_ms, self._load_ms, self._ttfb_ms,  # started, queue_ms, load_ms, ttfb_ms
+            self._restore_ms,  # restore_ms
         )
         kept = self._kept_parts
         capture = None

@@ -53,7 +53,8 @@ CREATE TABLE IF NOT EXISTS activity (
     started REAL NOT NULL DEFAULT 0,
     queue_ms INTEGER,
     load_ms INTEGER,
-    ttfb_ms INTEGER
+    ttfb_ms INTEGER,
+    restore_ms INTEGER
 );
 CREATE INDEX IF NOT EXISTS activity_time ON activity (ts_created DESC, id DESC);
 CREATE INDEX IF NOT EXISTS activity_model ON activity (model_id, ts_created DESC, id DESC);
@@ -62,8 +63,10 @@ _COLUMNS = (
     "id", "ts_created", "ts_exact", "model_id", "req_path", "resp_content_type", "resp_status_code",
     "cache_tokens", "draft_tokens", "draft_acc_tokens", "input_tokens", "output_tokens", "prompt_per_second",
     "tokens_per_second", "duration_ms", "error_msg", "metadata_json", "requested_model", "origin", "key_name",
-    "started", "queue_ms", "load_ms", "ttfb_ms",
+    "started", "queue_ms", "load_ms", "ttfb_ms", "restore_ms",
 )
+# Columns later versions added, with their type: a file an older llmswap made gets them on open.
+_ADDED = {"restore_ms": "INTEGER"}
 _INSERT = f"INSERT INTO activity ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})"
 
 
@@ -75,6 +78,7 @@ def _row_of(record: ActivityRecord) -> tuple[Any, ...]:
         t.input_tokens, t.output_tokens, t.prompt_per_second, t.tokens_per_second, record.duration_ms,
         record.error_msg, json.dumps(record.metadata) if record.metadata else "", record.requested_model,
         record.origin, record.key_name, record.started, record.queue_ms, record.load_ms, record.ttfb_ms,
+        record.restore_ms,
     )
 
 
@@ -90,7 +94,7 @@ def _record_of(row: tuple[Any, ...]) -> ActivityRecord:
         metadata=json.loads(v["metadata_json"]) if v["metadata_json"] else {},
         requested_model=v["requested_model"], origin=v["origin"], key_name=v["key_name"],
         started=v["started"],
-        queue_ms=v["queue_ms"], load_ms=v["load_ms"], ttfb_ms=v["ttfb_ms"],
+        queue_ms=v["queue_ms"], load_ms=v["load_ms"], ttfb_ms=v["ttfb_ms"], restore_ms=v["restore_ms"],
     )
 
 
@@ -127,6 +131,10 @@ class SqliteLog:
             db.execute("PRAGMA busy_timeout = 5000")
             db.execute("PRAGMA journal_mode = WAL")
             db.executescript(SCHEMA)
+            present = {row[1] for row in db.execute("PRAGMA table_info(activity)")}
+            for column, kind in _ADDED.items():
+                if column not in present:
+                    db.execute(f"ALTER TABLE activity ADD COLUMN {column} {kind}")
             latest = db.execute("SELECT COALESCE(MAX(id), 0) FROM activity").fetchone()[0]
         except Exception:
             db.close()

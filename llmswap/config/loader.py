@@ -20,6 +20,7 @@ from llmswap.config.activity_section import read_activity, read_performance
 from llmswap.config.envsubst import mark_env, substitute_env, written_form
 from llmswap.config.errors import ConfigError, Problem, Problems, in_file_order
 from llmswap.config.fields import Fields
+from llmswap.config.kvcache_section import read_kv_cache
 from llmswap.config.macros import Macro, apply_macros, read_macros, report_unresolved
 from llmswap.config.model import (
     DEFAULT_HEALTH_CHECK_TIMEOUT,
@@ -79,6 +80,7 @@ TOP_LEVEL_KEYS = (
     "captureBuffer",
     "store",
     "performance",
+    "kvCache",
 )
 # llama-swap features llmswap does not have; a llama-swap file carrying them still loads.
 IGNORED_TOP_LEVEL_KEYS = (
@@ -170,7 +172,9 @@ def load_tree(
     global_ttl = root.number("globalTTL", 0.0, minimum=0, accepted="0 (never unload) or seconds")
     unload_timeout = root.number("unloadTimeout", 0.0, minimum=0) or DEFAULT_UNLOAD_TIMEOUT
     send_loading_state = root.flag("sendLoadingState", False)
-    defaults = ModelDefaults(global_ttl, unload_timeout, health_check_timeout, send_loading_state)
+    state_dir = resolve_path(root.text("stateDir").strip() or DEFAULT_STATE_DIR, base_dir)
+    kv_cache = read_kv_cache(root, state_dir, base_dir)
+    defaults = ModelDefaults(global_ttl, unload_timeout, health_check_timeout, send_loading_state, kv_cache)
 
     models = _read_models(root, global_macros, start_port, defaults)
     if written is not None:
@@ -181,7 +185,6 @@ def load_tree(
     def resolve(name: str) -> str | None:
         return name if name in models else aliases.get(name)
 
-    state_dir = root.text("stateDir").strip()
     peers = read_peers(root, model_ids, aliases)
     routing = read_routing(root, model_ids, aliases)
     names = Names(model_ids, aliases, peers)
@@ -211,7 +214,8 @@ def load_tree(
         upstream_ignore_paths=read_ignore_paths(root),
         max_request_body=read_max_request_body(root),
         client_header_timeout=read_client_header_timeout(root),
-        state_dir=resolve_path(state_dir or DEFAULT_STATE_DIR, base_dir),
+        state_dir=state_dir,
+        kv_cache=kv_cache,
         tasks=read_tasks(root, base_dir, resolve),
         allowed_origins=read_allowed_origins(root),
         allowed_hosts=read_allowed_hosts(root),
@@ -234,7 +238,8 @@ def _read_models(
         if not model_id.strip():
             section.error(model_id, "a model id must not be empty")
             continue
-        fields, port = expand_model(model_id, entry, global_macros, next_port, root.problems)
+        fields, port = expand_model(model_id, entry, global_macros, next_port, root.problems,
+                                    defaults.kv_cache.dir)
         if fields is None:
             continue
         if port is not None:

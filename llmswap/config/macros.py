@@ -29,7 +29,7 @@ from llmswap.config.yamltree import Entry, Map, Node, Scalar, describe, walk_sca
 
 MACRO_NAME = re.compile(r"^[a-zA-Z0-9_-]+$")
 MACRO_REFERENCE = re.compile(r"\$\{([a-zA-Z0-9_-]+)\}")
-RESERVED_NAMES = ("PID", "PORT", "MODEL_ID")
+RESERVED_NAMES = ("PID", "PORT", "MODEL_ID", "KV_DIR")
 MAX_NAME_LENGTH = 63
 PYTHON_COMMAND = shlex.quote(sys.executable) if sys.executable else "python3"
 
@@ -97,7 +97,7 @@ def read_macros(node: Node | None, path: str, problems: Problems) -> list[Macro]
             problems.error(
                 entry.key_line,
                 where,
-                f"macro name '{name}' is reserved; choose another name (PID, PORT, MODEL_ID)",
+                f"macro name '{name}' is reserved; choose another name (PID, PORT, MODEL_ID, KV_DIR)",
             )
             continue
         if not isinstance(value_node, Scalar) or value_node.value is None:

@@ -28,6 +28,7 @@ DEFAULT_UNLOAD_TIMEOUT = 10.0
 DEFAULT_START_PORT = 5800
 DEFAULT_MAX_REQUEST_BODY = 32 * 1024 * 1024
 DEFAULT_CLIENT_HEADER_TIMEOUT = 60.0  # seconds a client has to send a request's headers
+DEFAULT_KV_MAX_SIZE = 20 * 1024**3
 DEFAULT_UPSTREAM_IGNORE_PATHS = (r".*\.(js|json|css|png|gif|jpg|jpeg|ico|txt)$",)
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -106,6 +107,8 @@ class ModelConfig:
     gpus: tuple[int, ...] | None = None  # llmswap: pinned devices (YAML `gpus`, else CUDA_VISIBLE_DEVICES)
     persistent: bool = False  # llmswap: the vram router never evicts it (groups have their own flag)
     deadline_ms: float = 0.0  # llmswap: default X-Deadline-Ms of its requests (0 = none)
+    kv_dir: Path | None = None  # llmswap: its `${KV_DIR}`, when cmd names it (created before each start)
+    kv_cache: KvCacheSettings | None = None  # llmswap: YAML `kvCache: true`; slots saved and restored
     line: int = 0  # line of `models.<id>` in the config file, for messages
 
     # What is displayed of the commands (/running, logs, events, check-config): never an env value, and
@@ -276,6 +279,17 @@ class TaskTypeConfig:
 
 
 @dataclass(frozen=True)
+class KvCacheSettings:
+    """`kvCache:` (llmswap.kvcache): where slot saves live, the bound on their total size, the client
+    timeouts of one save and one restore."""
+
+    dir: Path
+    max_size: int = DEFAULT_KV_MAX_SIZE
+    save_timeout: float = 30.0  # a save waits for a busy slot: this bounds the wait, then the stop goes on
+    restore_timeout: float = 30.0
+
+
+@dataclass(frozen=True)
 class TasksConfig:
     """`tasks:`: the durable task queue (Peregrine adapter)."""
 
@@ -328,6 +342,7 @@ class Config:
     client_header_timeout: float = DEFAULT_CLIENT_HEADER_TIMEOUT  # llmswap: YAML `clientHeaderTimeout`
     state_dir: Path | None = None  # llmswap: YAML `stateDir`, where learned footprints persist
     tasks: TasksConfig | None = None
+    kv_cache: KvCacheSettings | None = None  # llmswap: YAML `kvCache:` (its defaults when not written)
     # llmswap: YAML `cors.allowedOrigins` and `allowedHosts`, beyond loopback (llmswap.server.http.guard)
     allowed_origins: tuple[OriginPattern, ...] = ()
     allowed_hosts: tuple[HostPattern, ...] = ()

@@ -8,11 +8,13 @@ neither claims a port nor needs its macros to exist.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from llmswap.config.commands import split_command, strip_comment_lines
 from llmswap.config.common import is_http_url, read_filters, read_timeouts
 from llmswap.config.errors import Problems
 from llmswap.config.fields import Fields
+from llmswap.config.kvcache_section import check_kv_model, model_kv_dir
 from llmswap.config.macros import (
     Macro,
     apply_macros,
@@ -25,6 +27,7 @@ from llmswap.config.macros import (
 from llmswap.config.model import (
     DEFAULT_CONCURRENCY_LIMIT,
     Capabilities,
+    KvCacheSettings,
     ModelConfig,
     Timeouts,
 )
@@ -32,6 +35,7 @@ from llmswap.config.yamltree import Entry, Map, Scalar, Seq, describe, to_python
 
 DEFAULT_PROXY = "http://localhost:${PORT}"
 PORT_REFERENCE = "${PORT}"
+KV_DIR = "KV_DIR"
 MAX_PORT = 65535
 MIN_MODEL_HEALTH_CHECK_TIMEOUT = 1.0
 MODALITIES = ("text", "audio", "image")
@@ -63,6 +67,7 @@ MODEL_KEYS = (
     "gpus",
     "persistent",
     "deadlineMs",
+    "kvCache",
 )
 CAPABILITY_KEYS = ("in", "out", "tools", "reranker", "context")
 
@@ -75,6 +80,7 @@ class ModelDefaults:
     unload_timeout: float
     health_check_timeout: float
     send_loading_state: bool
+    kv_cache: KvCacheSettings
 
 
 @dataclass(frozen=True)
@@ -94,9 +100,11 @@ class ModelDraft:
 
 
 def expand_model(
-    model_id: str, entry: Entry, global_macros: list[Macro], next_port: int, problems: Problems
+    model_id: str, entry: Entry, global_macros: list[Macro], next_port: int, problems: Problems,
+    kv_root: Path,
 ) -> tuple[Fields | None, int | None]:
-    """Expand macros and `${PORT}` inside one model; returns its fields and the port it took."""
+    """Expand macros and `${PORT}` inside one model; returns its fields and the port it took. `${KV_DIR}`
+    is the model's folder under `kv_root`."""
     path = f"models.{model_id}"
     node = entry.node
     if not isinstance(node, Map):
@@ -121,6 +129,7 @@ def expand_model(
     body = Map({key: e for key, e in node.entries.items() if key != "macros"}, node.line)
     by_id = _set_params_by_id(node)
     scope = model_scope(model_id, entry.key_line, global_macros, own_macros)
+    scope.insert(1, Macro(KV_DIR, str(model_kv_dir(kv_root, model_id)), entry.key_line))
     apply_macros(body, scope)
     if by_id is not None:
         apply_macros_to_keys(by_id, scope, f"{path}.filters.setParamsByID", problems)
@@ -227,6 +236,8 @@ def read_model(
     gpus = _gpus(fields, env)
     aliases = _aliases(fields)
     filters = fields.mapping("filters", "a mapping of filter settings")
+    kv_dir = model_kv_dir(defaults.kv_cache.dir, model_id)
+    kv_cache = fields.flag("kvCache", False) and bool(cmd) and check_kv_model(fields, cmd, kv_dir)
     draft = ModelDraft(
         ModelConfig(
             id=model_id,
@@ -259,6 +270,8 @@ def read_model(
             persistent=fields.flag("persistent", False),
             deadline_ms=fields.number("deadlineMs", 0.0, minimum=0, what="milliseconds",
                                       accepted="0 (no deadline) or milliseconds after arrival"),
+            kv_dir=kv_dir if str(kv_dir) in cmd_text else None,
+            kv_cache=defaults.kv_cache if kv_cache else None,
             line=line,
         ),
         aliases=aliases,

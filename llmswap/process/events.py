@@ -9,7 +9,9 @@ import enum
 from dataclasses import dataclass
 from typing import Literal
 
-EventKind = Literal["starting", "ready", "start_failed", "stopping", "stopped", "exited", "ttl_expired"]
+from llmswap.kvcache.keeper import KvReport
+
+EventKind = Literal["starting", "ready", "start_failed", "stopping", "stopped", "exited", "ttl_expired", "kv"]
 
 
 class StopCause(enum.Enum):
@@ -30,6 +32,7 @@ class ProcessEvent:
     detail: str = ""
     duration: float | None = None  # for "ready": seconds from spawn to ready
     cause: StopCause | None = None  # for "stopping" and "stopped"
+    kv: KvReport | None = None  # for "kv": its slots saved (during a stop) or restored (during a start)
 
     @property
     def stopped_by_itself(self) -> bool:

@@ -7,16 +7,16 @@
     any --shutdown()--> shutdown (terminal)
 
 Each life of the child is a `Run` driven by one supervisor task, the only writer of the state while it
-runs. Public methods never drive the child themselves: they post a request to the run (a flag plus a
-wake-up) and await its outcome through `asyncio.shield`, so a caller that goes away (client disconnected)
-never cancels a start or a stop that others share. `ensure_ready()` decides between "ready", "join the
-start", "wait for the stop, then start fresh" and "start" in one synchronous step, with no await between
-reading the state and acting on it: no stale read can gate a start (llama-swap's #946).
+runs. Public methods post a request to the run (a flag plus a wake-up) and await its outcome through
+`asyncio.shield`, so a caller that goes away never cancels a start or a stop others share.
+`ensure_ready()` decides between "ready", "join the start", "wait for the stop, then start fresh" and
+"start" in one synchronous step: no stale read can gate a start (llama-swap's #946). A `kvCache` model's
+slots are restored before "ready" and saved before a stop's signal (`KvKeeper`).
 
 Events (`ProcessEvent.kind`) are delivered synchronously from the supervisor task, in this order; every
 run ends with exactly one of `start_failed`, `stopped`, `exited`:
-    starting -> ready (duration) | start_failed (detail, exit_code) | stopping -> stopped (aborted start)
-    ready -> stopping -> stopped                  a stop was asked for
+    starting -> [kv] -> ready (duration) | start_failed (detail, exit_code) | stopping -> stopped (aborted)
+    ready -> stopping -> [kv] -> stopped          a stop was asked for (kv: restore, then save)
     ready -> ttl_expired -> stopping -> stopped   idle for `ttl` seconds
     ready -> exited (exit_code, detail)           the child died by itself
 """
@@ -30,9 +30,9 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from llmswap.config.model import ModelConfig
+from llmswap.kvcache.keeper import KvKeeper, KvReport, prepare_kv_dir
 from llmswap.process.child import Child, spawn_child
 from llmswap.process.durations import format_go_duration
 from llmswap.process.errors import StartAborted, StartFailed
@@ -86,6 +86,8 @@ class Process:
         self._run: Run | None = None
         self._closing = False
         self._idle = IdleTimer(config.ttl)
+        self._kv = KvKeeper(config) if config.kv_cache is not None else None
+        self.last_restore: KvReport | None = None  # what the slots' restore of the current life did
 
     def __repr__(self) -> str:
         return f"<Process {self.id} {self._state.value} pid={self.pid}>"
@@ -125,17 +127,14 @@ class Process:
 
     async def stop(self, timeout: float | None = None) -> None:
         """Stop the upstream (None: the model's unloadTimeout as grace); aborts a start; no-op if stopped."""
-        run = self._run
-        if run is None:
-            return
-        run.request_stop(self.config.unload_timeout if timeout is None else timeout, StopCause.REQUESTED)
-        await asyncio.shield(run.done)
+        if (run := self._run) is not None:
+            run.request_stop(self.config.unload_timeout if timeout is None else timeout, StopCause.REQUESTED)
+            await asyncio.shield(run.done)
 
     async def shutdown(self, timeout: float = 1.0) -> None:
         """Stop for good: the child is gone when this returns and the process never starts again."""
         self._closing = True
-        run = self._run
-        if run is not None:
+        if (run := self._run) is not None:
             run.request_stop(timeout, StopCause.SHUTDOWN)
             await asyncio.shield(run.done)
         self._state = ProcessState.SHUTDOWN
@@ -184,6 +183,7 @@ class Process:
         try:
             argv = self._argv()
             await ensure_port_free(self.id, config.proxy)
+            self._prepare_kv()
         except StartFailed as error:
             return self._start_failed(run, error)
         if run.stop_requested:
@@ -205,6 +205,9 @@ class Process:
         spawned = self._clock()
 
         outcome = await self._await_start(run, child, deadline)
+        if outcome is Outcome.READY and self._kv is not None:
+            self.last_restore = await self._kv.restore()  # before any request is granted to the server
+            self._emit(ProcessEvent(self.id, "kv", kv=self.last_restore))
         if outcome is Outcome.READY:
             duration = self._clock() - spawned
             self.last_start_duration = duration
@@ -248,7 +251,7 @@ class Process:
                 remaining = deadline - self._clock()
                 if remaining <= 0:
                     return Outcome.TIMED_OUT
-                await self._sleep(run, remaining, child.exited, health)
+                await run.pause(remaining, child.exited, health)
         finally:
             if not health.done():
                 health.cancel()
@@ -268,7 +271,7 @@ class Process:
                 self._emit(ProcessEvent(self.id, "ttl_expired", detail=detail))
                 run.request_stop(self.config.unload_timeout, StopCause.TTL)
                 continue
-            await self._sleep(run, None if deadline is None else deadline - now, child.exited)
+            await run.pause(None if deadline is None else deadline - now, child.exited)
 
     async def _stop(self, run: Run, child: Child) -> ProcessEvent:
         aborting = not run.ready.done()
@@ -276,6 +279,8 @@ class Process:
         reason = cause.value
         self._state = ProcessState.STOPPING
         self._emit(ProcessEvent(self.id, "stopping", detail=reason, cause=cause))
+        if self._kv is not None and not aborting and not child.exited.done():
+            self._emit(ProcessEvent(self.id, "kv", kv=await self._kv.save()))
         await self._terminate(run, child)
         run.fail(StartAborted())
         logger.info("[%s] stopped (%s, %s)", self.id, reason, describe_exit(child.returncode))
@@ -301,7 +306,7 @@ class Process:
                 remaining = began + run.grace - self._clock()
                 if remaining <= 0:
                     break
-                await self._sleep(run, remaining, child.exited)
+                await run.pause(remaining, child.exited)
             if not child.exited.done():
                 logger.warning(
                     "[%s] pid %d still running %s after the stop signal: SIGKILL to its process group",
@@ -329,17 +334,6 @@ class Process:
             logger.warning("[%s] cmdStop '%s' failed to start (%s): sending SIGTERM", self.id, argv[0], exc)
             return None
 
-    async def _sleep(self, run: Run, limit: float | None, *also: asyncio.Future[Any]) -> None:
-        """Wait until something may have changed (a wake-up, one of `also`, `limit` seconds); the caller
-        re-checks everything afterwards."""
-        if not run.wake.is_set():
-            waker: asyncio.Future[Any] = asyncio.ensure_future(run.wake.wait())
-            try:
-                await asyncio.wait({waker, *also}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waker.cancel()
-        run.wake.clear()
-
     def _start_failed(self, run: Run, error: StartFailed, exit_code: int | None = None) -> ProcessEvent:
         logger.warning("[%s] start failed: %s", self.id, error.message)
         run.fail(error)
@@ -359,6 +353,13 @@ class Process:
         if run.child is not None:
             run.child.signal_group(signal.SIGKILL)
             run.child.abandon_pipe()
+
+    def _prepare_kv(self) -> None:
+        self.last_restore = None
+        try:
+            prepare_kv_dir(self.config, self._kv)
+        except OSError as exc:
+            raise StartFailed(f"cannot prepare {self.config.kv_dir} for the slot saves: {exc}") from None
 
     def _argv(self) -> tuple[str, ...]:
         if not self.config.cmd:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import signal
+from typing import Any
 
 from llmswap.process.child import Child
 from llmswap.process.errors import StartFailed
@@ -41,6 +42,17 @@ class Run:
             self.stop_cause = cause
             self.grace = grace
         self.wake.set()
+
+    async def pause(self, limit: float | None, *also: asyncio.Future[Any]) -> None:
+        """Wait until something may have changed (a wake-up, one of `also`, `limit` seconds); the
+        supervisor re-checks everything afterwards."""
+        if not self.wake.is_set():
+            waker: asyncio.Future[Any] = asyncio.ensure_future(self.wake.wait())
+            try:
+                await asyncio.wait({waker, *also}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waker.cancel()
+        self.wake.clear()
 
     def fail(self, error: StartFailed) -> None:
         """Resolve the start with `error` unless it is already resolved."""

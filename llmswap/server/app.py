@@ -10,6 +10,7 @@ from aiohttp import web
 
 from llmswap.router.base import BaseRouter
 from llmswap.server.admin import batches as batch_http
+from llmswap.server.admin import kvcache as kvcache_http
 from llmswap.server.admin import models as admin
 from llmswap.server.admin import tasks as tasks_http
 from llmswap.server.http import guard, middleware
@@ -41,6 +42,7 @@ def create_app(server_state: ServerState, services: Services | None = None) -> w
     guard.setup(app)
     inference.setup(app)
     admin.setup(app)
+    kvcache_http.setup(app)
     logs.setup(app)
     upstream.setup(app)
     realtime.setup(app)

@@ -144,6 +144,7 @@ LAYERS = (
     "llmswap.router",
     "llmswap.scheduler",
     "llmswap.process",
+    "llmswap.kvcache",
     "llmswap.machine",
     "llmswap.config",
     "llmswap",

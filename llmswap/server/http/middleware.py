@@ -44,6 +44,7 @@ class AccessRecord:
     load: float | None = None  # seconds of `waited` its model spent loading (the rest was queueing)
     answering: bool = False  # the answer's status line went out: no other response can follow
     cut: str = ""  # why llmswap ended the request itself ("cancelled", "shutdown"), if it did
+    restore: float | None = None  # seconds of `load` spent restoring the model's saved KV cache
 
     def loaded(self, seconds: float) -> None:
         """The router's `on_granted`: of the request's wait, its model spent `seconds` loading."""
@@ -68,6 +69,7 @@ class Answered(NamedTuple):
     load: float | None = None
     first_byte: float | None = None
     cut: str = ""  # see AccessRecord
+    restore: float | None = None
 
 
 UNMATCHED_ROUTE = "unmatched"
@@ -106,6 +108,12 @@ def note_load(request: web.Request, seconds: float) -> None:
         record.load = seconds
 
 
+def note_restore(request: web.Request, seconds: float) -> None:
+    """Record how much of the request's load went to restoring its model's saved KV cache."""
+    if (record := access_record(request)) is not None:
+        record.restore = seconds
+
+
 def note_answering(request: web.BaseRequest) -> None:
     """Record that the answer's status and headers went out (a later error can no longer be a response)."""
     if (record := access_record(request)) is not None:
@@ -141,6 +149,8 @@ class Timings(Protocol):
     def first_byte(self) -> float | None: ...
     @property
     def cut(self) -> str: ...
+    @property
+    def restore(self) -> float | None: ...
 
 
 def access_line(remote: str | None, method: str, path: str, status: int, seconds: float, model: str,
@@ -149,7 +159,8 @@ def access_line(remote: str | None, method: str, path: str, status: int, seconds
 
     A request that waited for a model also says where its time went (OC-CORE-1040): `queue` (waiting
     for its turn), `load` (its model loading), `ttfb` (arrival to the first byte sent) and `decode`
-    (first byte to the end of the answer). A request llmswap ended itself says why: `cut=shutdown`."""
+    (first byte to the end of the answer); when the load restored the model's saved KV cache, `restore` says
+    what that took. A request llmswap ended itself says why: `cut=shutdown`."""
     outcome = "client gone" if status == CLIENT_GONE else status
     line = f'{remote or "-"} "{method} {path}" {outcome} {seconds * 1000:.1f}ms'
     if model:
@@ -159,6 +170,9 @@ def access_line(remote: str | None, method: str, path: str, status: int, seconds
         load = record.load or 0.0  # type: ignore[union-attr]
         queue = waited - load
         line += f" queue={(queue if queue > 0.0 else 0.0) * 1000:.1f}ms load={load * 1000:.1f}ms"
+        restore = record.restore  # type: ignore[union-attr]
+        if restore is not None:
+            line += f" restore={restore * 1000:.1f}ms"
         first_byte = record.first_byte  # type: ignore[union-attr]
         if first_byte is not None:
             decode = seconds - first_byte
@@ -234,7 +248,7 @@ async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
         observers: list[RequestObserver] = request.app.get(REQUEST_OBSERVERS, [])
         report(Answered(request.method, request.path, route_label(request), request.remote, record.model,
                         status, time.monotonic() - started, record.waited, record.load, record.first_byte,
-                        record.cut),
+                        record.cut, record.restore),
                observers)
 
 

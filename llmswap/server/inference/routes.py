@@ -297,7 +297,10 @@ async def _serve_local(
         )
         async with request.app[DISPATCHER].lease(model.id, asking, router=router) as lease:
             middleware.note_wait(request, lease.waited)
-            recording.waited(max(0.0, lease.waited - load), load or None)
+            restore = _restore_seconds(router, model.id) if load else None
+            if restore is not None:
+                middleware.note_restore(request, restore)
+            recording.waited(max(0.0, lease.waited - load), load or None, restore)
             loading_response = await feedback.finish() if feedback is not None else None
             await guardrails.learn_reported_context(request.app, lease.config, lease.upstream)
             return await forward(
@@ -368,3 +371,9 @@ def query_with_model(request: web.Request, model: str) -> str:
     pairs = [(key, model if key == "model" else value) for key, value in request.query.items()]
     return urlencode(pairs)
 
+
+def _restore_seconds(router: BaseRouter, model_id: str) -> float | None:
+    """What restoring the model's saved KV cache took in the start a request just waited for (kvCache)."""
+    process = router.processes.get(model_id)
+    report = getattr(process, "last_restore", None)
+    return report.seconds if report is not None else None

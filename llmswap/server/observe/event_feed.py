@@ -114,6 +114,8 @@ class EventFeed:
             record.duration = item.duration
             record.error = None if item.error is None else item.error.message
             self.bus.publish(Event("swap", record.as_dict("finished")))
+        elif isinstance(item, ProcessEvent) and item.kv is not None:
+            self.bus.publish(Event("kvcache", payloads.kv_event(item.model, item.kv, self.wall_clock())))
         elif isinstance(item, ProcessEvent):
             process = self.server_state.router.processes.get(item.model)
             pid = process.pid if process is not None else None

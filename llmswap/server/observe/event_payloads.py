@@ -13,6 +13,7 @@ from typing import Any
 
 from llmswap import __version__
 from llmswap.config.model import Config
+from llmswap.kvcache.keeper import KvReport
 from llmswap.process.events import ProcessEvent
 from llmswap.process.state import ProcessState
 from llmswap.router.base import BaseRouter
@@ -126,6 +127,12 @@ class QueueCounts:
 
     def as_dict(self, model: str) -> dict[str, Any]:
         return {"model": model, "waiting": self.waiting, "in_flight": self.in_flight, "loading": self.loading}
+
+
+def kv_event(model: str, report: KvReport, now: float) -> dict[str, Any]:
+    """`kvcache`: a model's slots saved (during a stop) or restored (during a start)."""
+    return {"model": model, "action": report.action, "slots": report.slots, "tokens": report.tokens,
+            "bytes": report.bytes, "seconds": round(report.seconds, 4), "failed": report.failed, "time": now}
 
 
 def process_event(event: ProcessEvent, pid: int | None, now: float) -> dict[str, Any]:

@@ -92,6 +92,17 @@ class ServerMetrics:
         self.start_failures = Counter("llmswap_model_start_failures",
                                       "Upstream starts that failed (exit, health-check timeout, spawn error)",
                                       ("model",), registry=r)
+        kv = ("model", "action")
+        self.kv_operations = Counter(
+            "llmswap_kvcache_operations", "Slot saves (before a stop) and restores (after a start) of "
+            "kvCache models, by outcome", (*kv, "outcome"), registry=r)
+        self.kv_slots = Counter("llmswap_kvcache_slots", "Slots saved or restored", kv, registry=r)
+        self.kv_tokens = Counter("llmswap_kvcache_tokens", "Tokens saved or restored", kv, registry=r)
+        self.kv_bytes = Counter("llmswap_kvcache_bytes", "Bytes written by saves, read by restores", kv,
+                                registry=r)
+        self.kv_seconds = Histogram("llmswap_kvcache_duration_seconds",
+                                    "Seconds a model's save or restore took", kv, buckets=LOAD_BUCKETS,
+                                    registry=r)
         self._started_once: set[str] = set()
         self._routers_seen: list[tuple[RouterStats, Any]] = []  # (router stats, scheduler stats or None)
         self._own_reader = reader
@@ -116,7 +127,14 @@ class ServerMetrics:
         if not isinstance(item, ProcessEvent):
             return
         model = item.model
-        if item.kind == "starting":
+        if item.kv is not None:
+            kv = item.kv
+            self.kv_operations.labels(model, kv.action, "failed" if kv.failed else "ok").inc()
+            self.kv_slots.labels(model, kv.action).inc(kv.slots)
+            self.kv_tokens.labels(model, kv.action).inc(kv.tokens)
+            self.kv_bytes.labels(model, kv.action).inc(kv.bytes)
+            self.kv_seconds.labels(model, kv.action).observe(kv.seconds)
+        elif item.kind == "starting":
             self.starts.labels(model).inc()
             if model in self._started_once:
                 self.restarts.labels(model).inc()

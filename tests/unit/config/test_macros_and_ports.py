@@ -194,12 +194,12 @@ def test_go_text_matches_go_percent_v(value: object, text: str) -> None:
     assert go_text(value) == text
 
 
-@pytest.mark.parametrize("name", ["PORT", "MODEL_ID", "PID"])
+@pytest.mark.parametrize("name", ["PORT", "MODEL_ID", "PID", "KV_DIR"])
 def test_reserved_macro_names_are_errors(name: str) -> None:
     error = one_error(f"macros:\n  {name}: 1\n")
     assert error == (
         f"config.yaml:2: macros.{name}: macro name '{name}' is reserved; choose another name (PID, PORT, "
-        "MODEL_ID)"
+        "MODEL_ID, KV_DIR)"
     )
 
 

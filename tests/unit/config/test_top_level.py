@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from llmswap.config import ApiKey, Config, Filters, TaskTypeConfig, Timeouts, format_config
+from llmswap.config.model import KvCacheSettings
 
 from .support import errors_of, load, one_error
 
@@ -27,6 +28,7 @@ def test_top_level_defaults() -> None:
         peers=config.peers,
         routing=config.routing,
         state_dir=Path.cwd() / ".llmswap-state",
+        kv_cache=KvCacheSettings(dir=Path.cwd() / ".llmswap-state" / "kv", max_size=20 * 1024**3),
     )
     assert (config.health_check_timeout, config.start_port, config.global_ttl, config.unload_timeout) == (
         120,

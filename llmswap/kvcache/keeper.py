@@ -1,0 +1,179 @@
+"""Save a llama-server's slots before llmswap stops it, restore them after llmswap starts it again.
+
+The `Process` of a `kvCache: true` model owns one `KvKeeper` and calls it at three points of each life:
+`prepare()` before the spawn (the folder, staleness), `restore()` once the server is healthy and before any
+request is granted to it, `save()` when a stop llmswap asked for begins (a swap, a ttl, an unload, the
+shutdown), before the stop signal. A server that dies by itself is never saved: its folder stays unclean
+(see `disk.py`) and its saves are deleted at the next start.
+
+llama-server's API (`tools/server`): `GET /slots` lists the slots; `n_prompt_tokens` is there only for a slot
+that served a request since the server started, so a slot restored and not used since is not saved again
+and keeps its earlier save. `POST /slots/{id}?action=save` and `?action=restore` take `{"filename": NAME}`
+inside `--slot-save-path` and answer `n_saved`/`n_written` and `n_restored`/`n_read`. A save waits while
+its slot is busy, so every call is bounded by a client timeout; a failed or late call is logged and the
+stop or the start goes on without it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import aiohttp
+
+from llmswap.config.model import ModelConfig
+from llmswap.kvcache.disk import PARTIAL, RESTORING, SaveFolder, fingerprint, hold_bound, slot_file
+
+log = logging.getLogger("llmswap.kvcache")
+
+
+@dataclass(frozen=True)
+class KvReport:
+    """What one save or restore of a model's slots did (a `ProcessEvent`'s `kv`)."""
+
+    action: Literal["save", "restore"]
+    slots: int = 0  # slots saved or restored
+    tokens: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    failed: str = ""  # why a slot could not be saved or restored, when one could not
+
+
+class KvKeeper:
+    """The slot saves of one model's server (see the module's doc)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        assert config.kv_cache is not None and config.kv_dir is not None
+        self.config = config
+        self.settings = config.kv_cache
+        self.folder = SaveFolder(config.kv_dir)
+        self._fingerprint = ""
+        self._restorable: list[int] = []
+
+    def prepare(self) -> None:
+        """Before a spawn (raises OSError when the folder cannot be made)."""
+        self._fingerprint = fingerprint(self.config.cmd_text, self.config.cmd)
+        self._restorable = self.folder.prepare(self._fingerprint)
+
+    async def restore(self) -> KvReport:
+        """Restore every slot with a save, before the server gets its first request."""
+        began = time.monotonic()
+        report = KvReport("restore")
+        if self._restorable:
+            report = await self._restore_all(began)
+        self.folder.serving()
+        return report
+
+    async def save(self) -> KvReport:
+        """Save every slot that holds tokens it has not saved; then the folder is clean again."""
+        began = time.monotonic()
+        report = KvReport("save")
+        try:
+            async with self._session(self.settings.save_timeout) as session:
+                slots = await _json(session, "GET", f"{self._base}/slots")
+                used = [slot["id"] for slot in slots if isinstance(slot, dict)
+                        and isinstance(slot.get("id"), int) and int(slot.get("n_prompt_tokens") or 0) > 0]
+                for slot in used:
+                    report = await self._save_one(session, slot, report)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            report = _failed(report, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        self.folder.finished(self._fingerprint)
+        hold_bound(self.settings.dir, self.settings.max_size)
+        report = _done(report, began)
+        if report.failed:
+            log.warning("[%s] kv cache: save incomplete (%s); the stop goes on", self.config.id,
+                        report.failed)
+        elif report.slots:
+            log.info("[%s] kv cache: saved %d slot(s), %d tokens, %d bytes in %.3fs", self.config.id,
+                     report.slots, report.tokens, report.bytes, report.seconds)
+        return report
+
+    async def _save_one(self, session: aiohttp.ClientSession, slot: int, report: KvReport) -> KvReport:
+        began = time.monotonic()
+        answer = await _json(session, "POST", f"{self._base}/slots/{slot}?action=save",
+                             {"filename": slot_file(slot) + PARTIAL})
+        saved = self.folder.saved(slot, int(answer.get("n_saved", 0)), time.monotonic() - began)
+        if saved is None:
+            return _failed(report, f"slot {slot} was not written")
+        if saved.bytes > self.settings.max_size:
+            saved.path.unlink(missing_ok=True)
+            return _failed(report, f"slot {slot}'s save ({saved.bytes} bytes) is larger than kvCache.maxSize")
+        return replace(report, slots=report.slots + 1, tokens=report.tokens + saved.tokens,
+                       bytes=report.bytes + saved.bytes)
+
+    async def _restore_all(self, began: float) -> KvReport:
+        report = KvReport("restore")
+        paths = {self.folder.path / slot_file(slot) for slot in self._restorable}
+        RESTORING.update(paths)
+        try:
+            async with self._session(self.settings.restore_timeout) as session:
+                for slot in self._restorable:
+                    try:
+                        answer = await _json(session, "POST", f"{self._base}/slots/{slot}?action=restore",
+                                             {"filename": slot_file(slot)})
+                    except aiohttp.ClientResponseError as exc:
+                        report = _failed(report, f"slot {slot}: {exc.message}")
+                        continue
+                    self.folder.touch(slot)
+                    report = replace(report, slots=report.slots + 1,
+                                     tokens=report.tokens + int(answer.get("n_restored", 0)),
+                                     bytes=report.bytes + int(answer.get("n_read", 0)))
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            report = _failed(report, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        finally:
+            RESTORING.difference_update(paths)
+        report = _done(report, began)
+        if report.failed:
+            log.warning("[%s] kv cache: restore incomplete (%s); those slots start empty", self.config.id,
+                        report.failed)
+        log.info("[%s] kv cache: restored %d slot(s), %d tokens in %.3fs", self.config.id, report.slots,
+                 report.tokens, report.seconds)
+        return report
+
+    @property
+    def _base(self) -> str:
+        return self.config.proxy.rstrip("/")
+
+    def _session(self, seconds: float) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=seconds), auto_decompress=False)
+
+
+def prepare_kv_dir(config: ModelConfig, keeper: KvKeeper | None) -> None:
+    """Before a spawn: the model's `${KV_DIR}` exists (llama-server exits when `--slot-save-path` does not)
+    and, for a `kvCache` model, its saves are checked. Raises OSError."""
+    if config.kv_dir is not None:
+        config.kv_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if keeper is not None:
+        keeper.prepare()
+
+
+async def _json(session: aiohttp.ClientSession, method: str, url: str, body: Any = None) -> Any:
+    """One call's JSON answer; another status than 200 raises ClientResponseError (the server's message)."""
+    async with session.request(method, url, json=body) as response:
+        text = await response.text()
+        if response.status != 200:
+            raise aiohttp.ClientResponseError(response.request_info, (), status=response.status,
+                                              message=_message(text) or response.reason or "")
+        return json.loads(text)
+
+
+def _message(text: str) -> str:
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text[:200]
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message", ""))[:200]
+    return text[:200]
+
+
+def _failed(report: KvReport, why: str) -> KvReport:
+    return replace(report, failed=f"{report.failed}; {why}" if report.failed else why)
+
+
+def _done(report: KvReport, began: float) -> KvReport:
+    return replace(report, seconds=time.monotonic() - began)

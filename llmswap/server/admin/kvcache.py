@@ -1,0 +1,76 @@
+"""`/api/kvcache`: what the `kvCache` models have saved on disk, and a way to clear a model's saves.
+
+    GET    /api/kvcache           {"dir", "max_size", "total_bytes", "models": [{"model", "enabled", "dir",
+                                   "bytes", "saves": [{"slot", "tokens", "bytes", "age_seconds"}]}]}
+    DELETE /api/kvcache/{model}   {"model", "deleted", "bytes"}: the model's saves are gone; a running server
+                                  keeps its slots, and its next stop saves them again
+
+Saves are files under `kvCache.dir`, one folder per model (llmswap.kvcache); a model without `kvCache: true`
+is listed only when it left saves there. Both routes sit behind the API keys like every `/api/` route.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from llmswap.config.model import ModelConfig
+from llmswap.kvcache import Save, SaveFolder
+from llmswap.kvcache.disk import RESTORING
+from llmswap.server.http.errors import error_response
+from llmswap.server.inference.resolve import unknown_model_message
+from llmswap.server.state import state
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_get("/api/kvcache", list_saves)
+    app.router.add_delete("/api/kvcache/{model:.+}", clear_saves)
+
+
+async def list_saves(request: web.Request) -> web.Response:
+    config = state(request).config
+    settings = config.kv_cache
+    now = time.time()
+    models = [record for model in config.models.values()
+              if (record := _model_record(model, now))["enabled"] or record["saves"]]
+    return web.json_response({
+        "dir": str(settings.dir) if settings is not None else None,
+        "max_size": settings.max_size if settings is not None else None,
+        "total_bytes": sum(record["bytes"] for record in models),
+        "models": models,
+    })
+
+
+async def clear_saves(request: web.Request) -> web.Response:
+    config = state(request).config
+    name = request.match_info["model"]
+    model_id = config.real_model_name(name)
+    if model_id is None:
+        return error_response(request, 404, unknown_model_message(config, name), code="model_not_found")
+    model = config.models[model_id]
+    deleted = freed = 0
+    if model.kv_dir is not None and model.kv_dir.is_dir():
+        for save in SaveFolder(model.kv_dir).saves():
+            if save.path in RESTORING:  # a start is reading it this moment: it goes at the next clear
+                continue
+            save.path.unlink(missing_ok=True)
+            deleted += 1
+            freed += save.bytes
+    return web.json_response({"model": model_id, "deleted": deleted, "bytes": freed})
+
+
+def _model_record(model: ModelConfig, now: float) -> dict[str, Any]:
+    saves = SaveFolder(model.kv_dir).saves() if model.kv_dir is not None and model.kv_dir.is_dir() else []
+    return {
+        "model": model.id, "enabled": model.kv_cache is not None,
+        "dir": str(model.kv_dir) if model.kv_dir is not None else None,
+        "bytes": sum(save.bytes for save in saves),
+        "saves": [_save_record(save, now) for save in saves],
+    }
+
+
+def _save_record(save: Save, now: float) -> dict[str, Any]:
+    return {"slot": save.slot, "tokens": save.tokens if save.tokens >= 0 else None, "bytes": save.bytes,
+            "age_seconds": round(max(0.0, now - save.used), 1)}
