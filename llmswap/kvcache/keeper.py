@@ -58,17 +58,15 @@ class KvKeeper:
         self._fingerprint = fingerprint(self.config.cmd_text, self.config.cmd)
         self._restorable = self.folder.prepare(self._fingerprint)
 
-    async def restore(self) -> KvReport:
-        """Restore every slot with a save, before the server gets its first request."""
-        began = time.monotonic()
-        report = KvReport("restore")
-        if self._restorable:
-            report = await self._restore_all(began)
+    async def restore(self) -> KvReport | None:
+        """Restore every slot with a save, before the server gets its first request (None: none had one)."""
+        report = await self._restore_all(time.monotonic()) if self._restorable else None
         self.folder.serving()
         return report
 
-    async def save(self) -> KvReport:
-        """Save every slot that holds tokens it has not saved; then the folder is clean again."""
+    async def save(self) -> KvReport | None:
+        """Save every slot that holds tokens it has not saved; then the folder is clean again (None: no slot
+        served a request since the start)."""
         began = time.monotonic()
         report = KvReport("save")
         try:
@@ -82,6 +80,8 @@ class KvKeeper:
             report = _failed(report, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         self.folder.finished(self._fingerprint)
         hold_bound(self.settings.dir, self.settings.max_size)
+        if not report.slots and not report.failed:
+            return None
         report = _done(report, began)
         if report.failed:
             log.warning("[%s] kv cache: save incomplete (%s); the stop goes on", self.config.id,

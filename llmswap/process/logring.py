@@ -67,6 +67,11 @@ class LogRing:
             return []
         return [line for _, line in list(self._entries)[-available:]]
 
+    def quoted_tail(self, count: int, *, since: int = 0) -> str:
+        """`tail` for a message: "; last output:" and the lines indented, or nothing when there are none."""
+        lines = self.tail(count, since=since)
+        return "; last output:\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
+
     def subscribe(self, backlog: int = DEFAULT_BACKLOG) -> LogSubscription:
         """A live tail of the lines appended from now on (history is separate: read it first if needed)."""
         subscription = LogSubscription(self, backlog)

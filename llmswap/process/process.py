@@ -207,7 +207,7 @@ class Process:
         outcome = await self._await_start(run, child, deadline)
         if outcome is Outcome.READY and self._kv is not None:
             self.last_restore = await self._kv.restore()  # before any request is granted to the server
-            self._emit(ProcessEvent(self.id, "kv", kv=self.last_restore))
+            self._emit_kv(self.last_restore)
         if outcome is Outcome.READY:
             duration = self._clock() - spawned
             self.last_start_duration = duration
@@ -280,7 +280,7 @@ class Process:
         self._state = ProcessState.STOPPING
         self._emit(ProcessEvent(self.id, "stopping", detail=reason, cause=cause))
         if self._kv is not None and not aborting and not child.exited.done():
-            self._emit(ProcessEvent(self.id, "kv", kv=await self._kv.save()))
+            self._emit_kv(await self._kv.save())
         await self._terminate(run, child)
         run.fail(StartAborted())
         logger.info("[%s] stopped (%s, %s)", self.id, reason, describe_exit(child.returncode))
@@ -380,10 +380,11 @@ class Process:
         upstream_logger.debug("[%s] %s", self.id, line)
 
     def _last_output(self, run: Run) -> str:
-        lines = self.logs.tail(TAIL_LINES, since=run.output_mark)
-        if not lines:
-            return ""
-        return "; last output:\n" + "\n".join(f"  {line}" for line in lines)
+        return self.logs.quoted_tail(TAIL_LINES, since=run.output_mark)
+
+    def _emit_kv(self, report: KvReport | None) -> None:
+        if report is not None:
+            self._emit(ProcessEvent(self.id, "kv", kv=report))
 
     def _emit(self, event: ProcessEvent) -> None:
         if self._on_event is None:

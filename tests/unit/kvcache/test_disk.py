@@ -10,7 +10,8 @@ from pathlib import Path
 from llmswap.kvcache.disk import RESTORING, SaveFolder, all_saves, fingerprint, hold_bound
 
 
-def write_save(folder: SaveFolder, slot: int, size: int, *, used: float | None = None, tokens: int = 10) -> Path:
+def write_save(folder: SaveFolder, slot: int, size: int, *, used: float | None = None,
+               tokens: int = 10) -> Path:
     """A save as llama-server leaves it (written under the partial name), then kept by `saved`."""
     (folder.path / f"slot{slot}.bin.partial").write_bytes(b"k" * size)
     save = folder.saved(slot, tokens, 0.01)
