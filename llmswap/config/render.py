@@ -141,6 +141,7 @@ def _model(model: ModelConfig) -> dict[str, Any]:
             "vram": model.vram,
             "persistent": model.persistent,
             "deadlineMs": _number(model.deadline_ms) if model.deadline_ms else None,
+            "kvCache": True if model.kv_cache is not None else None,
         }
     )
     if model.gpus is not None:  # an empty list means "no GPU", so it is shown
@@ -240,6 +241,9 @@ def format_config(config: Config) -> str:
         "maxRequestBodySize": config.max_request_body,
         "clientHeaderTimeout": _number(config.client_header_timeout),
         "stateDir": str(config.state_dir) if config.state_dir is not None else None,
+        "kvCache": {"dir": str(config.kv_cache.dir), "maxSize": config.kv_cache.max_size,
+                    "saveTimeout": _number(config.kv_cache.save_timeout),
+                    "restoreTimeout": _number(config.kv_cache.restore_timeout)} if config.kv_cache else None,
         "apiKeys": [
             {"key": _redact(key.key), "priority": key.priority, "maxConcurrent": key.max_concurrent,
              **({"deadlineMs": _number(key.deadline_ms)} if key.deadline_ms else {})}
