@@ -114,8 +114,9 @@ async def test_a_conversation_that_swaps_away_and_back_restores_its_cache(
     warm = next(record for record in saves["models"] if record["model"] == "warm")
     assert [(save["slot"], save["tokens"] > total) for save in warm["saves"]] == [(0, True)]
     assert "cold" not in {record["model"] for record in saves["models"]}  # no kvCache: nothing written
-    assert 'llmswap_kvcache_operations_total{model="warm",action="restore",outcome="ok"} 1.0' in metrics
-    assert 'llmswap_kvcache_slots_total{model="warm",action="restore"} 1.0' in metrics
+    assert 'llmswap_kvcache_operations_total{action="restore",model="warm",outcome="ok"} 1.0' in metrics
+    assert 'llmswap_kvcache_slots_total{action="restore",model="warm"} 1.0' in metrics
+    assert 'llmswap_kvcache_operations_total{action="save",model="warm",outcome="ok"} 2.0' in metrics
     restored = [line for line in server.stderr_lines + server.stdout_lines
                 if '"POST /v1/chat/completions" 200' in line and "model=warm" in line and "restore=" in line]
     assert len(restored) == 1, server.output()  # the first start had nothing to restore
