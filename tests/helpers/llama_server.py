@@ -24,11 +24,14 @@ def llama_server_binary() -> str | None:
 
 
 def llama_server_argv(binary: str, model: Path, *, context: int, slots: int = 1, threads: int = 1,
-                      port: str = "${PORT}", kv_dir: str | None = "${KV_DIR}") -> list[str]:
+                      port: str = "${PORT}", kv_dir: str | None = "${KV_DIR}",
+                      alias: str = "${MODEL_ID}") -> list[str]:
     """One thread by default, so the server and llmswap share 2 cores without thrashing. `context` is the
     whole context, which llama-server splits evenly between its `slots`. No warm-up run: a start is the
-    model load and nothing else, as in the swaps being measured."""
-    argv = [binary, "--host", "127.0.0.1", "--port", port, "-m", str(model), "-c", str(context * slots),
+    model load and nothing else, as in the swaps being measured. `--alias` names the model in answers as llmswap
+does (llama-server's default is the file's path)."""
+    argv = [binary, "--host", "127.0.0.1", "--port", port, "-m", str(model), "--alias", alias,
+            "-c", str(context * slots),
             "-np", str(slots), "-t", str(threads), "-tb", str(threads), "--no-warmup"]
     if kv_dir is not None:
         argv += ["--slot-save-path", kv_dir]
