@@ -13,7 +13,8 @@ Rows and where they come from:
 - recording cost: bench.recording_cost, the same llmswap with activity and captures on and off;
 - streaming relay: bench.relay, a long SSE stream from the unpaced demo upstream;
 - interleaved multi-model trace: bench.sim, the batch scheduler against FIFO on the same trace;
-- real llama.cpp upstream: bench.llamacpp, llama-cpp-python's server on a generated GGUF model;
+- real llama.cpp upstream: bench.llamacpp, llama.cpp's llama-server on a generated GGUF model (the swap
+  penalty of conversations is bench.swap_penalty, run on its own);
 - throughput under concurrency: bench.wrk_nginx, wrk against nginx directly and through llmswap at 1, 16, 64
   and 256 connections (nginx and wrk from Debian's packages, installed by the benchmark when missing).
 """
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     took = time.monotonic() - began
     versions = [("aiohttp", aiohttp.__version__)]
     if (llama_version := llama_cpp_version()) is not None:
-        versions.append(("llama-cpp-python", llama_version))
+        versions.append(("llama-server", llama_version))
     command = "python -m bench" + (" --quick" if args.quick else "")
     print(f"Machine: {describe_machine(versions)}")
     print(f"Command: `{command}` (took {took / 60:.1f} min)\n")

@@ -3,7 +3,7 @@
 ``write_tiny_llama(spec, path)`` writes one model; ``tiny_llama(spec, folder)`` returns the file for `spec`
 in `folder`, writing it only the first time (tests cache the folder for their session). ``SIZES`` holds three
 specs whose files differ in size by about an order of magnitude each, so their load times differ too.
-``llama_cpp_server_argv(...)`` is the command that serves one of them with llama-cpp-python's server.
+tests/helpers/llama_server.py has the command that serves one with llama.cpp's llama-server.
 
 The tokenizer is SentencePiece-style (`tokenizer.ggml.model = llama`) with all 256 byte tokens, so llama.cpp
 tokenizes any text (byte fallback) and no piece of text is out of vocabulary. The weights are seeded normal
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -191,17 +190,3 @@ def tiny_llama(spec: TinyLlama, folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         write_tiny_llama(spec, path)
     return path
-
-
-def llama_cpp_server_argv(model: Path, alias: str, port: int | str, *, context: int = 256,
-                          threads: int = 1, embeddings: bool = True) -> list[str]:
-    """The command line of llama-cpp-python's OpenAI-compatible server for one generated model. `port` may be
-    llmswap's `${PORT}` macro. One thread, so that two of them and llmswap share 2 cores without thrashing;
-    embeddings on, so one server answers chat, completions and embeddings alike. With embeddings on, keep
-    `context` a power of two: llama.cpp 0.3.36 aborts at load (GGML_ASSERT) at 320 or 384, not 256 or 512."""
-    return [
-        sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", alias,
-        "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(context), "--n_threads", str(threads),
-        "--n_threads_batch", str(threads), "--embedding", "true" if embeddings else "false",
-        "--verbose", "false",
-    ]

@@ -28,8 +28,8 @@ def llama_server_argv(binary: str, model: Path, *, context: int, slots: int = 1,
                       alias: str = "${MODEL_ID}") -> list[str]:
     """One thread by default, so the server and llmswap share 2 cores without thrashing. `context` is the
     whole context, which llama-server splits evenly between its `slots`. No warm-up run: a start is the
-    model load and nothing else, as in the swaps being measured. `--alias` names the model in answers as llmswap
-does (llama-server's default is the file's path)."""
+    model load and nothing else, as in the swaps being measured. `--alias` names the model in answers
+    (llama-server's default is the file's path)."""
     argv = [binary, "--host", "127.0.0.1", "--port", port, "-m", str(model), "--alias", alias,
             "-c", str(context * slots),
             "-np", str(slots), "-t", str(threads), "-tb", str(threads), "--no-warmup"]

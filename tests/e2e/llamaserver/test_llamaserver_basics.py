@@ -73,7 +73,7 @@ async def test_a_stream_arrives_token_by_token_and_swaps_the_model(server: Llmsw
                     if (choice.get("delta") or {}).get("content"):
                         pieces.append(choice["delta"]["content"])
     assert len(pieces) == TOKENS
-    status, running = await call(server, "GET", "/running")
+    _, running = await call(server, "GET", "/running")
     assert [entry["model"] for entry in running["running"]] == ["other"]  # one at a time: chat was stopped
 
 
@@ -88,7 +88,8 @@ async def test_llama_servers_own_endpoints_pass_through(server: LlmswapProcess) 
 
 async def test_a_prompt_longer_than_the_reported_context_is_refused_before_it_waits(
         server: LlmswapProcess) -> None:
-    await call(server, "POST", "/v1/chat/completions",  # the first answer teaches llmswap the context (/props)
+    # The first answer teaches llmswap the context (/props).
+    await call(server, "POST", "/v1/chat/completions",
                {"model": "chat", "messages": MESSAGES, "max_tokens": 1})
     long = [{"role": "user", "content": "word " * (CONTEXT * 5)}]
     status, body = await call(server, "POST", "/v1/chat/completions",

@@ -1,8 +1,5 @@
-"""The GGUF generator: files that read back as the llama model they describe, cached by spec, and (with
-llama-cpp-python) a model that llama.cpp loads and that only ever samples visible text, never an end token.
-
-The first tests need only `gguf` and run everywhere; the last is marked `llamacpp`.
-"""
+"""The GGUF generator: files that read back as the llama model they describe, cached by spec. That llama.cpp
+loads them and only ever samples visible text is tests/e2e/llamaserver/test_gguf_llamaserver.py."""
 
 from __future__ import annotations
 
@@ -10,7 +7,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import pytest
 from gguf import GGUFReader, TokenType
 
 from tests.helpers.gguf_model import ANCHOR, BOS, EOS, NEVER, SIZES, UNK, TinyLlama, tiny_llama, vocabulary
@@ -88,21 +84,3 @@ def test_sizes_grow(tmp_path: Path) -> None:
     sizes = [tiny_llama(spec, tmp_path).stat().st_size for spec in SIZES.values()]
     assert sizes == sorted(sizes)
     assert sizes[-1] > 10 * sizes[0]
-
-
-@pytest.mark.llamacpp
-def test_llama_cpp_loads_it_and_samples_only_visible_text(llama_cpp_installed: None, tmp_path: Path) -> None:
-    import llama_cpp
-
-    model = llama_cpp.Llama(str(tiny_llama(SIZES["tiny"], tmp_path)), n_ctx=128, n_threads=1, verbose=False)
-    try:
-        assert model.n_embd() == SIZES["tiny"].embedding
-        assert model.detokenize(model.tokenize(b"Hello, world!", add_bos=False)) == b" Hello, world!"
-        for seed in range(3):
-            completion = model.create_completion("Once upon a time", max_tokens=24, temperature=1.5,
-                                                 seed=seed)
-            choice = completion["choices"][0]  # type: ignore[index]
-            assert choice["finish_reason"] == "length"
-            assert choice["text"] and all(0x20 <= ord(c) < 0x7F for c in choice["text"])
-    finally:
-        model.close()
