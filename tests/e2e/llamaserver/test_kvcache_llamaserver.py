@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 
 from tests.e2e.llamaserver.conftest import START_WITHIN, llamaserver_entry
-from tests.helpers.cli import LlmswapProcess, running_llmswap, write_config
+from tests.helpers.cli import LlmswapProcess, running_llmswap, stop_with, write_config
 from tests.helpers.demo import free_port_run
 from tests.helpers.gguf_model import WORDS, TinyLlama, write_tiny_llama
 
@@ -140,6 +140,18 @@ async def test_a_changed_model_file_restores_nothing(llama_server: str, ggufs: d
         assert not (tmp_path / "kv" / "warm" / "slot0.bin").exists()
         stale = [line for line in server.stderr_lines + server.stdout_lines if "stale save" in line]
         assert stale and "changed" in stale[0], server.output()
+
+
+async def test_a_conversation_survives_a_restart_of_llmswap(llama_server: str, ggufs: dict[str, Path],
+                                                            tmp_path: Path) -> None:
+    config = config_of(tmp_path, llama_server, ggufs)
+    async with running_llmswap(config) as server:
+        first = opening()
+        answer = await ask(server, "warm", first)
+        assert await stop_with(server, signal.SIGTERM) == 0  # the shutdown saves warm's slot
+    async with running_llmswap(config) as server:
+        again = await ask(server, "warm", follow_up(first, answer.text))
+    assert again.cached >= 0.95 * (again.cached + again.processed), again.timings
 
 
 async def test_saves_are_deleted_when_llmswap_was_killed_while_the_model_served(

@@ -147,6 +147,34 @@ async function loadMachine() {
   }
 }
 
+// ---------------------------------------------------------------- KV cache saves (kvCache models)
+function size(bytes) {
+  return bytes >= 1 << 30 ? `${(bytes / (1 << 30)).toFixed(1)} GiB` : `${(bytes / (1 << 20)).toFixed(1)} MiB`;
+}
+
+async function loadKvCache() {
+  try {
+    const body = await (await api("/api/kvcache")).json();
+    const section = document.getElementById("kv-section");
+    section.hidden = !body.models.length;
+    const rows = [];
+    for (const model of body.models) {
+      const clear = el("button", { class: "kv-clear", dataset: { model: model.model } }, "Clear");
+      clear.onclick = async () => { await api(`/api/kvcache/${encodeURIComponent(model.model)}`, { method: "DELETE" }); loadKvCache(); };
+      if (!model.saves.length) rows.push(el("tr", { dataset: { model: model.model } }, el("td", {}, model.model), el("td", { colspan: "5", class: "sub" }, "nothing saved")));
+      model.saves.forEach((save, index) => rows.push(el("tr", { dataset: { model: model.model } },
+        el("td", {}, model.model), el("td", { class: "num" }, String(save.slot)),
+        el("td", { class: "num" }, save.tokens == null ? "–" : save.tokens.toLocaleString()),
+        el("td", { class: "num" }, size(save.bytes)), el("td", { class: "num" }, `${Math.round(save.age_seconds)} s`),
+        el("td", {}, index === 0 ? clear : ""))));
+    }
+    document.getElementById("kv-count").textContent = String(body.models.reduce((n, m) => n + m.saves.length, 0));
+    document.getElementById("kvcache").replaceChildren(...rows);
+  } catch (err) {
+    console.warn("kvcache", err);
+  }
+}
+
 // ---------------------------------------------------------------- playground
 let playing = null;
 function renderExtras() {
@@ -220,5 +248,6 @@ async function play() {
 document.getElementById("pg-send").onclick = play;
 
 loadActivity();
+loadKvCache();
 loadMachine();
 setInterval(loadMachine, MACHINE_EVERY_MS);
