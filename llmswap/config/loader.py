@@ -24,6 +24,7 @@ from llmswap.config.kvcache_section import read_kv_cache
 from llmswap.config.macros import Macro, apply_macros, read_macros, report_unresolved
 from llmswap.config.model import (
     DEFAULT_HEALTH_CHECK_TIMEOUT,
+    DEFAULT_MAX_SLEEPING,
     DEFAULT_START_PORT,
     DEFAULT_UNLOAD_TIMEOUT,
     MIN_HEALTH_CHECK_TIMEOUT,
@@ -45,6 +46,7 @@ from llmswap.config.settings_section import (
     read_max_request_body,
     read_startup_hooks,
 )
+from llmswap.config.sleep_section import read_max_sleeping
 from llmswap.config.tasks_section import read_tasks, resolve_path
 from llmswap.config.yamltree import Map, parse_document
 
@@ -81,6 +83,7 @@ TOP_LEVEL_KEYS = (
     "store",
     "performance",
     "kvCache",
+    "maxSleeping",
 )
 # llama-swap features llmswap does not have; a llama-swap file carrying them still loads.
 IGNORED_TOP_LEVEL_KEYS = (
@@ -216,6 +219,7 @@ def load_tree(
         client_header_timeout=read_client_header_timeout(root),
         state_dir=state_dir,
         kv_cache=kv_cache,
+        max_sleeping=read_max_sleeping(root, DEFAULT_MAX_SLEEPING),
         tasks=read_tasks(root, base_dir, resolve),
         allowed_origins=read_allowed_origins(root),
         allowed_hosts=read_allowed_hosts(root),

@@ -29,6 +29,7 @@ DEFAULT_START_PORT = 5800
 DEFAULT_MAX_REQUEST_BODY = 32 * 1024 * 1024
 DEFAULT_CLIENT_HEADER_TIMEOUT = 60.0  # seconds a client has to send a request's headers
 DEFAULT_KV_MAX_SIZE = 20 * 1024**3
+DEFAULT_MAX_SLEEPING = 2
 DEFAULT_UPSTREAM_IGNORE_PATHS = (r".*\.(js|json|css|png|gif|jpg|jpeg|ico|txt)$",)
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -109,6 +110,8 @@ class ModelConfig:
     deadline_ms: float = 0.0  # llmswap: default X-Deadline-Ms of its requests (0 = none)
     kv_dir: Path | None = None  # llmswap: its `${KV_DIR}`, when cmd names it (created before each start)
     kv_cache: KvCacheSettings | None = None  # llmswap: YAML `kvCache: true`; slots saved and restored
+    sleep_call: tuple[str, str] | None = None  # llmswap: YAML `sleep: "POST /sleep?level=1"` (method, path)
+    wake_call: tuple[str, str] | None = None  # llmswap: YAML `wake: "POST /wake_up"`; both set or neither
     line: int = 0  # line of `models.<id>` in the config file, for messages
 
     # What is displayed of the commands (/running, logs, events, check-config): never an env value, and
@@ -343,6 +346,7 @@ class Config:
     state_dir: Path | None = None  # llmswap: YAML `stateDir`, where learned footprints persist
     tasks: TasksConfig | None = None
     kv_cache: KvCacheSettings | None = None  # llmswap: YAML `kvCache:` (its defaults when not written)
+    max_sleeping: int = DEFAULT_MAX_SLEEPING  # llmswap: YAML `maxSleeping`, models asleep at once (0 = never)
     # llmswap: YAML `cors.allowedOrigins` and `allowedHosts`, beyond loopback (llmswap.server.http.guard)
     allowed_origins: tuple[OriginPattern, ...] = ()
     allowed_hosts: tuple[HostPattern, ...] = ()

@@ -31,6 +31,7 @@ from llmswap.config.model import (
     ModelConfig,
     Timeouts,
 )
+from llmswap.config.sleep_section import read_sleep_calls
 from llmswap.config.yamltree import Entry, Map, Scalar, Seq, describe, to_python
 
 DEFAULT_PROXY = "http://localhost:${PORT}"
@@ -68,6 +69,8 @@ MODEL_KEYS = (
     "persistent",
     "deadlineMs",
     "kvCache",
+    "sleep",
+    "wake",
 )
 CAPABILITY_KEYS = ("in", "out", "tools", "reranker", "context")
 
@@ -238,6 +241,7 @@ def read_model(
     filters = fields.mapping("filters", "a mapping of filter settings")
     kv_dir = model_kv_dir(defaults.kv_cache.dir, model_id)
     kv_cache = fields.flag("kvCache", False) and bool(cmd) and check_kv_model(fields, cmd, kv_dir)
+    sleep_call, wake_call = read_sleep_calls(fields)
     draft = ModelDraft(
         ModelConfig(
             id=model_id,
@@ -272,6 +276,8 @@ def read_model(
                                       accepted="0 (no deadline) or milliseconds after arrival"),
             kv_dir=kv_dir if str(kv_dir) in cmd_text else None,
             kv_cache=defaults.kv_cache if kv_cache else None,
+            sleep_call=sleep_call,
+            wake_call=wake_call,
             line=line,
         ),
         aliases=aliases,

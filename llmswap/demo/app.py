@@ -7,7 +7,7 @@ import time
 from aiohttp import WSMsgType, web
 from aiohttp.typedefs import Handler
 
-from llmswap.demo import anthropic_api, openai_api
+from llmswap.demo import anthropic_api, openai_api, sleep_api
 from llmswap.demo.console import say
 from llmswap.demo.context import Demo
 from llmswap.demo.received import received
@@ -31,6 +31,8 @@ def build_app(demo: Demo) -> web.Application:
             body = error_body(request.path, 400, f"could not read the request body: {exc}")
             return web.json_response(body, status=400)
         demo.state.requests += 1
+        if demo.sleep is not None and got.method == "POST" and got.path.startswith("/v1/"):
+            await demo.sleep.awake.wait()  # asleep: held until the next wake, as vLLM's paused scheduler does
         if demo.options.log_requests and got.path != "/health":  # llmswap probes it while loading
             say(f"request {got.method} {got.path} model={got.model or '-'}")
         try:
@@ -82,6 +84,7 @@ def build_app(demo: Demo) -> web.Application:
                     "generations_in_progress": state.generations_in_progress,
                     "tokens_generated": state.tokens_generated,
                     "socket_close_codes": state.socket_close_codes,
+                    "sleeping": demo.sleep is not None and demo.sleep.sleeping,
                 },
             },
         )
@@ -113,6 +116,8 @@ def build_app(demo: Demo) -> web.Application:
     app.on_response_prepare.append(identify)
     app.add_routes([web.get("/health", health), web.get("/props", props), web.get("/ws", socket),
                     web.get("/v1/realtime", socket)])
+    if demo.sleep is not None:
+        app.add_routes(sleep_api.routes(demo.sleep))
     app.add_routes(openai_api.routes(demo))
     app.add_routes(anthropic_api.routes(demo))
     return app

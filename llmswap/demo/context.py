@@ -12,6 +12,7 @@ from aiohttp import web
 from llmswap.demo.options import DemoOptions
 from llmswap.demo.received import Received
 from llmswap.demo.replies import BadRequest
+from llmswap.demo.sleep_api import Sleep
 from llmswap.demo.text import DEFAULT_MAX_TOKENS, answer_tokens
 
 # An answer is built whole before it is sent; this keeps a typo in max_tokens from eating the machine.
@@ -43,6 +44,7 @@ class Demo:
     def __init__(self, options: DemoOptions, state: DemoState | None = None) -> None:
         self.options = options
         self.state = state or DemoState()
+        self.sleep: Sleep | None = None  # with --enable-sleep-mode (llmswap.demo.sleep_api)
         self._ids = itertools.count(1)
 
     @property

@@ -21,6 +21,7 @@ from llmswap.demo.console import PREFIX, complain, say
 from llmswap.demo.context import Demo
 from llmswap.demo.fake_gpu import out_of_memory, remove_claim, write_claim
 from llmswap.demo.options import DemoOptions, parse_options
+from llmswap.demo.sleep_api import Sleep
 
 EXIT_OK = 0
 EXIT_CANNOT_START = 1
@@ -73,6 +74,21 @@ def _spawn_grandchild() -> None:
 async def _serve(options: DemoOptions, started_at: float) -> int:
     loop = asyncio.get_running_loop()
     demo = Demo(options)
+    claim: Path | None = None
+
+    def asleep(sleeping: bool) -> None:
+        """vLLM frees its GPU memory while asleep: so does the fake one."""
+        nonlocal claim
+        if options.fake_gpu_dir is None or options.fake_vram is None:
+            return
+        if sleeping and claim is not None:
+            remove_claim(claim)
+            claim = None
+        elif not sleeping and claim is None:
+            claim = write_claim(options.fake_gpu_dir, os.getpid(), options.fake_vram)
+
+    if options.sleep_mode:
+        demo.sleep = Sleep(options.sleep_delay, options.wake_delay, on_change=asleep)
     runner = web.AppRunner(
         build_app(demo),
         handle_signals=False,
@@ -97,7 +113,6 @@ async def _serve(options: DemoOptions, started_at: float) -> int:
 
     stopping = asyncio.Event()
     exit_code = EXIT_OK
-    claim: Path | None = None
     loop.add_signal_handler(signal.SIGINT, stopping.set)
     if not options.ignore_sigterm:
         loop.add_signal_handler(signal.SIGTERM, stopping.set)

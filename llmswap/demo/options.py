@@ -27,6 +27,9 @@ class DemoOptions:
     fake_gpu_dir: Path | None = None
     fake_gpu_total: int | None = None
     log_requests: bool = False
+    sleep_mode: bool = False  # vLLM's sleep API (llmswap.demo.sleep_api)
+    sleep_delay: float = 0.0
+    wake_delay: float = 0.0
 
 
 def _size(text: str) -> int:
@@ -121,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--fake-gpu-dir plus --fake-vram exceed it",
     )
     knobs.add_argument("--log-requests", action="store_true", help="print one line per request to stdout")
+    knobs.add_argument("--enable-sleep-mode", action="store_true",
+                       help="serve vLLM's sleep API: POST /sleep, POST /wake_up, GET /is_sleeping")
+    knobs.add_argument("--sleep-delay", type=_seconds, default=0.0, metavar="S",
+                       help="seconds a POST /sleep takes (default 0)")
+    knobs.add_argument("--wake-delay", type=_seconds, default=0.0, metavar="S",
+                       help="seconds a POST /wake_up takes (default 0)")
     return parser
 
 
@@ -150,4 +159,7 @@ def parse_options(argv: Sequence[str] | None = None) -> DemoOptions:
         fake_gpu_dir=args.fake_gpu_dir,
         fake_gpu_total=args.fake_gpu_total,
         log_requests=args.log_requests,
+        sleep_mode=args.enable_sleep_mode,
+        sleep_delay=args.sleep_delay,
+        wake_delay=args.wake_delay,
     )

@@ -11,7 +11,8 @@ from typing import Literal
 
 from llmswap.kvcache.keeper import KvReport
 
-EventKind = Literal["starting", "ready", "start_failed", "stopping", "stopped", "exited", "ttl_expired", "kv"]
+EventKind = Literal["starting", "ready", "start_failed", "stopping", "stopped", "exited", "ttl_expired", "kv",
+                    "slept", "woke"]
 
 
 class StopCause(enum.Enum):
@@ -30,7 +31,7 @@ class ProcessEvent:
     kind: EventKind
     exit_code: int | None = None  # negative: killed by that signal
     detail: str = ""
-    duration: float | None = None  # for "ready": seconds from spawn to ready
+    duration: float | None = None  # for "ready": seconds from spawn to ready; "slept", "woke": the call's
     cause: StopCause | None = None  # for "stopping" and "stopped"
     kv: KvReport | None = None  # for "kv": its slots saved (during a stop) or restored (during a start)
 

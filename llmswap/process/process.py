@@ -33,8 +33,10 @@ from collections.abc import Callable, Iterable
 
 from llmswap.config.model import ModelConfig
 from llmswap.kvcache.keeper import KvKeeper, KvReport, prepare_kv_dir
+from llmswap.process import sleeping
 from llmswap.process.child import Child, spawn_child
 from llmswap.process.durations import format_go_duration
+from llmswap.process.ending import terminate
 from llmswap.process.errors import StartAborted, StartFailed
 from llmswap.process.events import ProcessEvent, StopCause
 from llmswap.process.health import (
@@ -53,8 +55,6 @@ logger = logging.getLogger("llmswap.process")
 upstream_logger = logging.getLogger("llmswap.upstream")
 
 ABORT_GRACE = 5.0  # grace for a child whose start failed (llama-swap's value), capped by unloadTimeout
-KILL_WAIT = 10.0  # seconds to wait for a SIGKILLed child to be reaped before reporting it stuck
-DRAIN_TIMEOUT = 1.0  # seconds to keep reading output once the child is gone
 TAIL_LINES = 10  # output lines quoted when a child dies
 
 class Process:
@@ -88,6 +88,7 @@ class Process:
         self._idle = IdleTimer(config.ttl)
         self._kv = KvKeeper(config) if config.kv_cache is not None else None
         self.last_restore: KvReport | None = None  # what the slots' restore of the current life did
+        self.asleep_since: float | None = None  # when the server went to sleep (clock), while it sleeps
 
     def __repr__(self) -> str:
         return f"<Process {self.id} {self._state.value} pid={self.pid}>"
@@ -115,15 +116,29 @@ class Process:
             if (
                 run.stop_requested
                 or self._state is ProcessState.STOPPING
-                or (self._state is ProcessState.READY and child_gone)
+                or (self._state in (ProcessState.READY, ProcessState.SLEEPING) and child_gone)
             ):
                 # This life is ending: let it finish, then start a fresh one.
                 await asyncio.shield(run.done)
                 continue
             if self._state is ProcessState.READY:
                 return
+            if self._state is ProcessState.SLEEPING:
+                if await asyncio.shield(run.ask("wake")):
+                    return
+                continue  # the wake failed and the supervisor stops that life: start a fresh one
             await asyncio.shield(run.ready)
             return
+
+    async def sleep(self, timeout: float | None = None) -> bool:
+        """Put the ready server to sleep (its `sleep:` call) instead of stopping it; True once it sleeps.
+        A server that cannot sleep, or whose sleep fails, is stopped (`timeout` as for `stop`)."""
+        run = self._run
+        can = run is not None and self._state is ProcessState.READY and self.config.sleep_call is not None
+        if can and run is not None and await asyncio.shield(run.ask("sleep")):
+            return True
+        await self.stop(timeout)
+        return False
 
     async def stop(self, timeout: float | None = None) -> None:
         """Stop the upstream (None: the model's unloadTimeout as grace); aborts a start; no-op if stopped."""
@@ -263,6 +278,9 @@ class Process:
                 return await self._stop(run, child)
             if child.exited.done():
                 return await self._exited(run, child)
+            if run.asked is not None and not run.asked[1].done():
+                await self._sleep_or_wake(run, *run.asked)
+                continue
             now = self._clock()
             deadline = self._idle.deadline()
             if deadline is not None and now >= deadline:
@@ -272,6 +290,25 @@ class Process:
                 run.request_stop(self.config.unload_timeout, StopCause.TTL)
                 continue
             await run.pause(None if deadline is None else deadline - now, child.exited)
+
+    async def _sleep_or_wake(self, run: Run, what: str, outcome: asyncio.Future[bool]) -> None:
+        began = self._clock()
+        failed = await sleeping.perform(self.config, what)
+        took = self._clock() - began
+        if failed:
+            instead = "stopping it" if what == "sleep" else "restarting it cold"
+            logger.warning("[%s] %s failed (%s); %s instead", self.id, what, failed, instead)
+            if what == "wake":
+                run.request_stop(self.config.unload_timeout, StopCause.REQUESTED)
+        else:
+            self._state = ProcessState.SLEEPING if what == "sleep" else ProcessState.READY
+            self.asleep_since = self._clock() if what == "sleep" else None
+            self._idle.became_ready(self._clock())
+            logger.info("[%s] %s in %.3fs (pid %s)", self.id, "asleep" if what == "sleep" else "awake", took,
+                        self.pid)
+            self._emit(ProcessEvent(self.id, "slept" if what == "sleep" else "woke", duration=took))
+        if not outcome.done():
+            outcome.set_result(not failed)
 
     async def _stop(self, run: Run, child: Child) -> ProcessEvent:
         aborting = not run.ready.done()
@@ -294,45 +331,7 @@ class Process:
         return ProcessEvent(self.id, "exited", exit_code=exit_code, detail=detail)
 
     async def _terminate(self, run: Run, child: Child) -> None:
-        """cmdStop or SIGTERM to the group, `run.grace` seconds, SIGKILL to the group; then drain the pipe."""
-        stopper: Child | None = None
-        began = self._clock()
-        if not child.exited.done():
-            if self.config.cmd_stop:
-                stopper = await self._start_cmd_stop(child.pid)
-            if stopper is None:
-                child.signal_group(signal.SIGTERM)
-            while not child.exited.done():
-                remaining = began + run.grace - self._clock()
-                if remaining <= 0:
-                    break
-                await run.pause(remaining, child.exited)
-            if not child.exited.done():
-                logger.warning(
-                    "[%s] pid %d still running %s after the stop signal: SIGKILL to its process group",
-                    self.id,
-                    child.pid,
-                    format_go_duration(run.grace),
-                )
-                child.signal_group(signal.SIGKILL)
-                if not await child.wait_exit(KILL_WAIT):
-                    logger.error("[%s] pid %d survived SIGKILL for %ss", self.id, child.pid, KILL_WAIT)
-        # Whatever the upstream forked into its group and left behind goes with it.
-        child.signal_group(signal.SIGKILL)
-        if stopper is not None:
-            await stopper.wait_exit(max(0.0, began + run.grace - self._clock()))
-            stopper.signal_group(signal.SIGKILL)
-            await stopper.close(DRAIN_TIMEOUT)
-        await child.close(DRAIN_TIMEOUT)
-
-    async def _start_cmd_stop(self, pid: int) -> Child | None:
-        argv = [part.replace("${PID}", str(pid)) for part in self.config.cmd_stop]
-        logger.info("[%s] stopping with: %s", self.id, self.config.cmd_stop_shown(pid))
-        try:
-            return await spawn_child(argv, env=self._env(), on_line=self._on_output)
-        except (OSError, subprocess.SubprocessError) as exc:
-            logger.warning("[%s] cmdStop '%s' failed to start (%s): sending SIGTERM", self.id, argv[0], exc)
-            return None
+        await terminate(run, child, self.config, clock=self._clock, env=self._env(), on_line=self._on_output)
 
     def _start_failed(self, run: Run, error: StartFailed, exit_code: int | None = None) -> ProcessEvent:
         logger.warning("[%s] start failed: %s", self.id, error.message)
@@ -342,7 +341,7 @@ class Process:
     def _end_run(self, run: Run, final: ProcessEvent) -> None:
         if self._run is run:
             self._run = None
-        self.pid = None
+        self.pid = self.asleep_since = None
         self._state = ProcessState.SHUTDOWN if self._closing else ProcessState.STOPPED
         run.fail(StartAborted())
         self._emit(final)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import signal
-from typing import Any
+from typing import Any, Literal
 
 from llmswap.process.child import Child
 from llmswap.process.errors import StartFailed
@@ -33,6 +33,15 @@ class Run:
         self.child: Child | None = None
         self.output_mark = 0  # LogRing position when this run spawned, to quote only its own output
         self.task: asyncio.Task[None] | None = None
+        # A sleep or a wake asked of the ready or sleeping server, and its outcome (False: it failed).
+        self.asked: tuple[Literal["sleep", "wake"], asyncio.Future[bool]] | None = None
+
+    def ask(self, what: Literal["sleep", "wake"]) -> asyncio.Future[bool]:
+        """Ask the supervisor to put the server to sleep or wake it; callers asking the same share one."""
+        if self.asked is None or self.asked[0] != what or self.asked[1].done():
+            self.asked = (what, asyncio.get_running_loop().create_future())
+            self.wake.set()
+        return self.asked[1]
 
     def request_stop(self, grace: float, cause: StopCause) -> None:
         if self.stop_requested:

@@ -10,11 +10,13 @@ class ProcessState(StrEnum):
     STARTING = "starting"
     READY = "ready"
     STOPPING = "stopping"
+    SLEEPING = "sleeping"  # alive, its pid unchanged, its GPU memory freed (`sleep:`/`wake:` servers)
     SHUTDOWN = "shutdown"  # terminal: the router is gone, the process never starts again
 
     @property
     def is_running(self) -> bool:
-        """Whether the process occupies resources (llama-swap's RunningModels: not stopped, not shutdown)."""
+        """Whether the process occupies resources (llama-swap's RunningModels: not stopped, not shutdown).
+        A sleeping one does not: the routers count it stopped, and its next request wakes it like a start."""
         return self in RUNNING
 
 

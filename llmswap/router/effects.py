@@ -17,7 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import psutil
+
+from llmswap.config.model import Config, ModelConfig
 from llmswap.process.state import RUNNING, ProcessState
+from llmswap.router.sleepers import host_allows_sleep, sleepers_to_stop
 from llmswap.router.succession import Succession
 from llmswap.router.types import (
     LoadProgress,
@@ -51,6 +55,7 @@ class RouterEffects(Effects):
     name: str
     scheduler: Scheduler
     processes: dict[str, ProcessLike]
+    config: Config
     succession: Succession
     stats: RouterStats
     clock: Callable[[], float]
@@ -180,6 +185,7 @@ class RouterEffects(Effects):
         try:
             if plan.evict:
                 await asyncio.gather(*(self._evict(m) for m in plan.evict))
+                await self._trim_sleepers(keep=plan.model)
             swap.evicted = True
             self.succession.progress()
             if plan.evict:
@@ -213,7 +219,29 @@ class RouterEffects(Effects):
         # unloadTimeout is what users actually configure for "how long may it take to stop".
         await self.succession.before_evict(model)
         process = self.processes[model]
-        await process.stop(process.config.unload_timeout)
+        if self._may_sleep(process.config):
+            await process.sleep(process.config.unload_timeout)  # stops it when it cannot sleep
+        else:
+            await process.stop(process.config.unload_timeout)
+
+    def _may_sleep(self, model: ModelConfig) -> bool:
+        if model.sleep_call is None or self.config.max_sleeping <= 0:
+            return False
+        memory = psutil.virtual_memory()
+        if host_allows_sleep(model, memory.available, memory.total):
+            return True
+        log.info("%s: stopped rather than put to sleep: the host has %d MiB available", model.id,
+                 memory.available >> 20)
+        return False
+
+    async def _trim_sleepers(self, keep: str) -> None:
+        """Beyond `maxSleeping` models asleep, stop the ones asleep longest (never `keep`, about to wake)."""
+        excess = sleepers_to_stop(self.processes, self.config.max_sleeping, keep)
+        if excess:
+            log.info("more than %d models asleep (maxSleeping): stopping %s", self.config.max_sleeping,
+                     excess)
+            await asyncio.gather(*(self.processes[m].stop(self.processes[m].config.unload_timeout)
+                                   for m in excess))
 
     async def after_evictions(self, plan: SwapPlan) -> None:
         """Hook between stopping the victims and starting the target (the vram router waits for memory)."""

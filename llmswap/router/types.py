@@ -34,6 +34,7 @@ class ProcessLike(Protocol):
 
     id: str
     config: ModelConfig
+    asleep_since: float | None  # while its server sleeps (`sleep:`/`wake:` models), since when
 
     @property
     def state(self) -> ProcessState: ...
@@ -43,6 +44,9 @@ class ProcessLike(Protocol):
     def last_start_duration(self) -> float | None: ...
     async def ensure_ready(self) -> None: ...
     async def stop(self, timeout: float | None = None) -> None: ...
+    async def sleep(self, timeout: float | None = None) -> bool:
+        """Put the server to sleep instead of stopping it (a model with `sleep:`); stops it when it cannot.
+        True when it sleeps; its next `ensure_ready` wakes it."""
     async def shutdown(self, timeout: float = 1.0) -> None: ...
     def request_started(self) -> None:
         """A granted request begins: the process holds its TTL until the matching `request_ended`."""

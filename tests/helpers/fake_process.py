@@ -38,6 +38,7 @@ class FakeProcess:
     ) -> None:
         self.id = config.id
         self.config = config
+        self.asleep_since: float | None = None  # fakes never sleep: `sleep` stops them
         self._on_event = on_event
         self._script = script
         self._state = ProcessState.STOPPED
@@ -82,6 +83,10 @@ class FakeProcess:
             raise FakeStartError(f"{self.id}: upstream command exited prematurely")
         self.pid = 1000 + len(self._script.starts)
         self._set(ProcessState.READY, "ready")
+
+    async def sleep(self, timeout: float | None = None) -> bool:
+        await self.stop(timeout)
+        return False
 
     async def stop(self, timeout: float | None = None, *, cause: StopCause = StopCause.REQUESTED) -> None:
         if self._state in (ProcessState.STOPPED, ProcessState.SHUTDOWN):

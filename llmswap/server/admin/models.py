@@ -132,7 +132,7 @@ async def list_models(request: web.Request) -> web.Response:
 def running_entries(
     processes: Mapping[str, ProcessLike], snapshot: QueueSnapshot
 ) -> list[dict[str, Any]]:
-    """`/running`: every process that is starting, ready or stopping, sorted by model id.
+    """`/running`: every process that is starting, ready, stopping or sleeping, sorted by model id.
 
     llama-swap's keys first; `pid`, `in_flight`, `waiting` and `last_start_seconds` are llmswap's.
     """
@@ -140,7 +140,7 @@ def running_entries(
     for model_id in sorted(processes):
         process = processes[model_id]
         current = process.state
-        if not current.is_running:
+        if not current.is_running and current is not ProcessState.SLEEPING:
             continue
         model: ModelConfig = process.config
         last_start = process.last_start_duration

@@ -31,6 +31,8 @@ STATE_AFTER: Mapping[str, ProcessState] = {
     "stopped": ProcessState.STOPPED,
     "exited": ProcessState.STOPPED,
     "ttl_expired": ProcessState.READY,  # its stop follows at once
+    "slept": ProcessState.SLEEPING,
+    "woke": ProcessState.READY,
 }
 
 # llama-swap's default `ui.activity.session_id`: the request headers its UI groups activity by.

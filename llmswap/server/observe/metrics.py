@@ -92,6 +92,9 @@ class ServerMetrics:
         self.start_failures = Counter("llmswap_model_start_failures",
                                       "Upstream starts that failed (exit, health-check timeout, spawn error)",
                                       ("model",), registry=r)
+        self.sleeps = Histogram(
+            "llmswap_model_sleep_duration_seconds", "Seconds a model's sleep or wake call took (`sleep:` and "
+            "`wake:` models)", ("model", "action"), buckets=LOAD_BUCKETS, registry=r)
         kv = ("model", "action")
         self.kv_operations = Counter(
             "llmswap_kvcache_operations", "Slot saves (before a stop) and restores (after a start) of "
@@ -134,6 +137,9 @@ class ServerMetrics:
             self.kv_tokens.labels(model, kv.action).inc(kv.tokens)
             self.kv_bytes.labels(model, kv.action).inc(kv.bytes)
             self.kv_seconds.labels(model, kv.action).observe(kv.seconds)
+        elif item.kind in ("slept", "woke"):
+            action = "sleep" if item.kind == "slept" else "wake"
+            self.sleeps.labels(model, action).observe(item.duration or 0.0)
         elif item.kind == "starting":
             self.starts.labels(model).inc()
             if model in self._started_once:
