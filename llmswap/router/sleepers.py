@@ -25,8 +25,8 @@ def host_allows_sleep(model: ModelConfig, available: int, total: int) -> bool:
 
 
 def sleepers_to_stop(processes: Mapping[str, ProcessLike], max_sleeping: int, keep: str) -> list[str]:
-    """The sleeping models beyond `max_sleeping`, asleep longest first; `keep` (about to wake) never."""
-    asleep = sorted(((p.asleep_since or 0.0, m) for m, p in processes.items()
-                     if p.state is ProcessState.SLEEPING), key=lambda pair: pair)
-    excess = len(asleep) - max_sleeping
-    return [m for _, m in asleep if m != keep][:max(0, excess)]
+    """The sleeping models beyond `max_sleeping`, asleep longest first. `keep` is about to wake: it is neither
+    stopped nor counted."""
+    asleep = sorted((p.asleep_since or 0.0, m) for m, p in processes.items()
+                    if p.state is ProcessState.SLEEPING and m != keep)
+    return [m for _, m in asleep[:max(0, len(asleep) - max_sleeping)]]

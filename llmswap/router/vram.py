@@ -41,7 +41,7 @@ from llmswap.scheduler.swappers.vram import VramSwapper, device_budgets
 from llmswap.scheduler.types import HandlerRequest, SwapPlan
 
 # Process states in which an upstream's memory is not expected to move by much.
-_SETTLED = frozenset({ProcessState.READY, ProcessState.STOPPED, ProcessState.SHUTDOWN})
+_SETTLED = frozenset({ProcessState.READY, ProcessState.STOPPED, ProcessState.SHUTDOWN, ProcessState.SLEEPING})
 
 log = logging.getLogger("llmswap.router.vram")
 
