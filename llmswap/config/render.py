@@ -142,6 +142,8 @@ def _model(model: ModelConfig) -> dict[str, Any]:
             "persistent": model.persistent,
             "deadlineMs": _number(model.deadline_ms) if model.deadline_ms else None,
             "kvCache": True if model.kv_cache is not None else None,
+            "sleep": " ".join(model.sleep_call) if model.sleep_call else None,
+            "wake": " ".join(model.wake_call) if model.wake_call else None,
         }
     )
     if model.gpus is not None:  # an empty list means "no GPU", so it is shown
@@ -244,6 +246,7 @@ def format_config(config: Config) -> str:
         "kvCache": {"dir": str(config.kv_cache.dir), "maxSize": config.kv_cache.max_size,
                     "saveTimeout": _number(config.kv_cache.save_timeout),
                     "restoreTimeout": _number(config.kv_cache.restore_timeout)} if config.kv_cache else None,
+        "maxSleeping": config.max_sleeping,
         "apiKeys": [
             {"key": _redact(key.key), "priority": key.priority, "maxConcurrent": key.max_concurrent,
              **({"deadlineMs": _number(key.deadline_ms)} if key.deadline_ms else {})}

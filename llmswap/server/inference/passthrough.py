@@ -23,7 +23,7 @@ from urllib.parse import quote, unquote
 from aiohttp import web
 
 from llmswap.activity.recording import Recording
-from llmswap.config.model import Config
+from llmswap.config.model import Config, ModelConfig
 from llmswap.process.state import ProcessState
 from llmswap.router import AcquireOptions
 from llmswap.scheduler.errors import SchedulerError
@@ -128,7 +128,8 @@ async def to_upstream(request: web.Request) -> web.StreamResponse:
             raise web.HTTPMovedPermanently(location)
         raise web.HTTPPermanentRedirect(location)
     if target.peer is None:
-        refusal = _refuse_while_down(request, target.model, target.path)
+        refusal = _refuse_while_down(request, target.model, target.path) or _refuse_sleep_calls(
+            request, server.config.models[target.model], target.path)
         if refusal is not None:
             return refusal
     if websocket.is_upgrade(request):
@@ -161,6 +162,16 @@ async def to_upstream(request: web.Request) -> web.StreamResponse:
     else:
         work = _to_model(request, target.model, target.path, body, priority, recording)
     return await served(request, work, model=name if tracked else None, path=path, recording=recording)
+
+
+def _refuse_sleep_calls(request: web.Request, model: ModelConfig, path: str) -> web.Response | None:
+    """The 403 for a model's own `sleep:`/`wake:` paths: only llmswap puts it to sleep and wakes it (a
+    client doing so would leave llmswap believing a sleeping server ready, or the other way round)."""
+    owned = {call[1].partition("?")[0] for call in (model.sleep_call, model.wake_call) if call is not None}
+    if unquote(path).partition("?")[0] in owned:
+        return error_response(request, 403, f"{unquote(path)} of model {model.id} is llmswap's to call: it "
+                                            "puts the model to sleep and wakes it (sleep: and wake:)")
+    return None
 
 
 def _refuse_while_down(request: web.Request, model_id: str, path: str) -> web.Response | None:

@@ -126,3 +126,16 @@ async def test_sigkill_of_llmswap_leaves_no_sleeping_server_behind(tmp_path: Pat
 async def _text(server: LlmswapProcess, path: str) -> str:
     async with aiohttp.ClientSession() as http, http.get(f"{server.url}{path}") as response:
         return await response.text()
+
+
+async def test_clients_cannot_put_a_model_to_sleep_through_upstream(tmp_path: Path) -> None:
+    models = {"a": sleepy("a", *SLEEPY)}
+    async with running_llmswap(write_config(tmp_path / "config.yaml", models)) as server:
+        await chat(server, "a")
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{server.url}/upstream/a/sleep?level=1") as response:
+                assert response.status == 403
+                assert "llmswap's to call" in (await response.json())["error"]["message"]
+            async with http.get(f"{server.url}/upstream/a/is_sleeping") as response:
+                assert await response.json() == {"is_sleeping": False}  # reading the state is harmless
+        assert (await running(server))["a"][0] == "ready"

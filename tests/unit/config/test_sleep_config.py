@@ -41,3 +41,13 @@ def test_max_sleeping_zero_means_never_and_negative_is_an_error() -> None:
 def test_models_without_sleep_cannot_sleep() -> None:
     big = load(MODEL).models["big"]
     assert big.sleep_call is None and big.wake_call is None
+
+
+def test_the_vllm_sleep_example_loads_without_warnings() -> None:
+    from pathlib import Path
+
+    from llmswap.config import load_config
+
+    config = load_config(Path(__file__).parents[3] / "examples" / "vllm-sleep.yaml")
+    assert config.warnings == ()
+    assert all(model.sleep_call and model.wake_call for model in config.models.values())
