@@ -30,7 +30,7 @@ API_KEY_ENV = "LLMSWAP_API_KEY"
 DEFAULT_URL = "http://127.0.0.1:8080"
 COMMANDS = ("ps", "load", "unload")
 TIMEOUT = 10.0  # seconds for every call but `load`, which waits as long as the model takes to start
-RUNNING_STATES = ("starting", "ready", "stopping")
+RUNNING_STATES = ("starting", "ready", "stopping", "sleeping")  # listed by `ps` (sleeping: its process lives)
 
 
 class AdminError(Exception):

@@ -8,6 +8,9 @@ The demos take 1 s to start and 0.05 s to wake, so a wake and a start cannot be 
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -54,6 +57,10 @@ async def test_two_sleeping_models_start_once_each_and_wake_after(tmp_path: Path
         pids = server.upstreams()
         asleep = await running(server)
         assert asleep == {"a": ("sleeping", pids["a"]), "b": ("ready", pids["b"])}
+        snapshot = await first_event(server)
+        assert {m["id"]: (m["state"], m["pid"]) for m in snapshot["models"]} == asleep
+        listed = await llmswap_cli("ps", "--url", server.url)
+        assert [line.split()[:2] for line in listed.splitlines()[1:]] == [["a", "sleeping"], ["b", "ready"]]
         third = await chat(server, "a")
         fourth = await chat(server, "b")
         assert server.upstreams() == pids  # the same two processes all along
@@ -121,6 +128,28 @@ async def test_sigkill_of_llmswap_leaves_no_sleeping_server_behind(tmp_path: Pat
             return not any(alive(pid) for pid in pids.values())
 
         await eventually(gone, within=WITHIN, what="both upstreams gone, the sleeping one too")
+
+
+async def first_event(server: LlmswapProcess) -> dict[str, Any]:
+    """The snapshot `/api/events` opens with (the status page draws its models from it)."""
+    async with aiohttp.ClientSession() as http, http.get(f"{server.url}/api/events") as response:
+        async with asyncio.timeout(WITHIN):
+            async for raw in response.content:
+                line = raw.decode().strip()
+                event = json.loads(line[5:]) if line.startswith("data:") else {}
+                if event.get("type") == "snapshot":
+                    data = event["data"]
+                    return dict(json.loads(data) if isinstance(data, str) else data)
+    raise AssertionError("no snapshot event")
+
+
+async def llmswap_cli(*args: str) -> str:
+    """What `llmswap ARGS` prints (an admin command against a running llmswap)."""
+    process = await asyncio.create_subprocess_exec(sys.executable, "-m", "llmswap", *args,
+                                                   stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(process.communicate(), WITHIN)
+    assert process.returncode == 0, out
+    return out.decode()
 
 
 async def _text(server: LlmswapProcess, path: str) -> str:
