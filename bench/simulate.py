@@ -40,6 +40,7 @@ HEADER = f"  {'':<6} {'swaps':>6} {'makespan':>10} {'p50':>8} {'p99':>8} {'max':
 def traces(requests: int) -> list[Trace]:
     return [
         closed_loop_agents(requests=requests),
+        closed_loop_agents(requests=6, load=1.0, service=0.05),  # the acceptance agents: 6 each, 1 s starts
         interleaved_burst(),
         bursty_single_model(),
         hot_and_cold(),

@@ -19,7 +19,12 @@ closed loop, 0 for open-loop traffic. The planner scales how long it holds a mod
 residency) and how long others are deferred for it (maxWait) by that number (`hold_factor`; under
 `HOLD_THRESHOLD`, not at all). Until a model has been away long enough that open-loop traffic would have
 sent `MIN_EXPECTED` requests meanwhile, it is
-`DEFAULT_CLOSEDNESS`: FIFO's behaviour until holding is measured to pay. A model's presence is
+`DEFAULT_CLOSEDNESS`: FIFO's behaviour until holding is measured to pay. One exchange can say more: a client
+that only ever sent one request at a time and is back within `QUICK_RETURN` of its answer although its model
+was evicted meanwhile (a request caught in that window) is an agent in a closed loop, and so, presumably, are
+the clients of the other models: from then on a model not yet measured counts as a closed loop (1), and its
+own measurements take over once they can tell. Open-loop traffic sends overlapping requests, which rules its
+model out as evidence. A model's presence is
 counted a short window past its eviction (a tenth of a load: `RETURN_WINDOW`): a request arriving
 that soon is one a hold that short would have served, and without it a scheduler that never holds
 would never see the closed loop it could batch.
@@ -40,6 +45,10 @@ MIN_PERIODS = 1  # of each kind before a rate is trusted
 # Open-loop traffic at the loaded rate would have sent this many requests during the absences seen
 # before few arrivals then say "closed loop" (P(none | Poisson(2)) = 14 %); until then, the default.
 MIN_EXPECTED = 2.0
+# A client back this soon after its answer, its model evicted meanwhile, answered at machine speed (an
+# agent, a tool loop; a person takes longer): the workload is closed loops, and unmeasured models are
+# presumed so (`closedness`).
+QUICK_RETURN = 0.25
 
 
 @dataclass
@@ -83,6 +92,8 @@ class _Rate:
 class _Model:
     present: _Rate
     absent: _Rate
+    answered: float | None = None  # when its last request finished
+    overlapped: bool = False  # a request arrived while another of it was in flight or waiting
 
 
 class ArrivalRates:
@@ -91,6 +102,7 @@ class ArrivalRates:
     def __init__(self, *, default_closedness: float = DEFAULT_CLOSEDNESS) -> None:
         self._default = default_closedness
         self._models: dict[str, _Model] = {}
+        self._returns_seen = False  # a client came back right after its model was evicted (see `closedness`)
 
     def _entry(self, model: str) -> _Model:
         entry = self._models.get(model)
@@ -119,9 +131,15 @@ class ArrivalRates:
         entry.present.close(now + window)
         entry.absent.since = now + window
 
-    def arrived(self, model: str, now: float, *, ready: bool) -> None:
-        """A request for `model` arrived; `ready`: its model was loaded and serving."""
+    def answered(self, model: str, now: float) -> None:
+        """A request of `model` finished."""
+        self._entry(model).answered = now
+
+    def arrived(self, model: str, now: float, *, ready: bool, quiet: bool = True) -> None:
+        """A request for `model` arrived; `ready`: its model was loaded and serving; `quiet`: nothing else
+        of it was in flight or waiting (a closed-loop client sends one request at a time)."""
         entry = self._entry(model)
+        entry.overlapped |= not quiet
         if ready:
             if entry.present.since is None:
                 self.loaded(model, now)  # it became ready without a swap we saw (a reload kept it)
@@ -134,6 +152,9 @@ class ArrivalRates:
             return
         if now < absent_since:
             entry.present.arrivals += 1  # within the window after it left: counted as present
+            if not entry.overlapped and entry.answered is not None and now - entry.answered <= QUICK_RETURN:
+                measured = self._measured(entry, now)
+                self._returns_seen |= measured is None or measured >= HOLD_THRESHOLD  # not known open loop
         else:
             entry.absent.current += 1
 
@@ -146,14 +167,23 @@ class ArrivalRates:
     def closedness(self, model: str, now: float) -> float:
         """1 when `model`'s clients wait for it (closed loop), 0 when they arrive regardless."""
         entry = self._models.get(model)
-        if entry is None:
-            return self._default
+        measured = self._measured(entry, now) if entry is not None else None
+        if measured is not None:
+            return measured
+        # Unmeasured: the default, or 1 once a client not known to be open loop was seen coming straight
+        # back after its model's eviction (agents in closed loops: their first exchange says so for every
+        # model they use, before each model's own absences are measured).
+        return 1.0 if self._returns_seen else self._default
+
+    @staticmethod
+    def _measured(entry: _Model, now: float) -> float | None:
+        """Closedness from the model's own rates, None while they cannot tell yet."""
         # One arrival while loaded may be chance (a short residency makes it look like a high rate).
         present, absent = entry.present.rate(now, discount=0.5), entry.absent.rate(now)
         if present is None or absent is None:
-            return self._default
+            return None
         if present * entry.absent.seconds_until(now) < MIN_EXPECTED and absent < present:
-            return self._default  # too short an absence to tell a closed loop from a lull
+            return None  # too short an absence to tell a closed loop from a lull
         if present <= 0:
             return 0.0  # nothing comes while it is loaded: holding it serves nobody
         return min(1.0, max(0.0, 1.0 - absent / present))

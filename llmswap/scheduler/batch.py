@@ -38,7 +38,7 @@ request; open-loop traffic arrives regardless, and holding only idles the machin
 open-loop traffic a contender goes as soon as the models in its way have nothing in flight
 (`batch.no_gain`), while the loaded model keeps serving its newcomers meanwhile — FIFO's decision,
 so batch never does worse than FIFO there. It starts that way and holds once a model's clients are
-measured to wait for it. A residency is capped at its load so that it never pushes a waiting
+measured to wait for it, or from the first exchange that shows agents (see `arrivals`). A residency is capped at its load so that it never pushes a waiting
 request past maxWait + one load (unless minResidency is the longer, which then takes precedence).
 
 Backlog hints (`HandlerRequest.backlog`, a task type's durable queue): a model's depth counts them (the
@@ -148,7 +148,7 @@ class BatchScheduler(QueueScheduler):
         self.gaps.arrived(req.model, self._clock(), quiet=quiet)
         ready = self._effects.model_state(req.model) is ProcessState.READY
         ready = ready and not self._being_evicted(req.model)
-        self.rates.arrived(req.model, self._clock(), ready=ready)
+        self.rates.arrived(req.model, self._clock(), ready=ready, quiet=quiet)
 
     def _loaded(self, model: str, duration: float) -> None:
         self._loaded_at[model] = self._clock()
@@ -167,6 +167,7 @@ class BatchScheduler(QueueScheduler):
 
     def _finished(self, model: str) -> None:
         self.gaps.finished(model, self._clock())
+        self.rates.answered(model, self._clock())
 
     def _after_removal(self) -> None:
         super()._after_removal()

@@ -144,29 +144,39 @@ def test_batch_without_holding_keeps_serving_the_loaded_models_newcomers_like_fi
     assert w.effects.last_start("b").rule == RULE_NO_GAIN
 
 
-def test_batch_learns_a_closed_loop_and_starts_holding_it():
+def test_batch_learns_closed_loops_from_the_first_exchange():
     w = World("ab", closed=False)
     ra, rb = w.load("a"), w.req("b")
     w.advance(1.0)
     w.serve_done(ra)  # FIFO's way: b goes at once, a is evicted
     assert w.effects.last_start("b").rule == RULE_NO_GAIN
+    assert w.sched.rates.hold_factor("b", w.clock.now) == 0.0
     w.advance(THINK)
-    ra = w.req("a")  # a's client answers 50 ms later, and then waits for a: a closed loop
+    ra = w.req("a")  # a's client answers 50 ms later, and then waits for a: the workload is closed loops
+    assert w.sched.rates.hold_factor("b", w.clock.now) == 1.0, "b, unmeasured, is presumed a closed loop"
     w.advance(LOAD)
     w.swap_done("b")
-    w.advance(1.0)
-    w.serve_done(rb)
-    w.advance(THINK)
-    rb = w.req("b")
-    assert w.effects.last_start("a").rule == RULE_NO_GAIN
-    w.advance(LOAD)
-    w.swap_done("a")
-    assert w.sched.rates.hold_factor("a", w.clock.now) == 1.0
     starts = len(w.effects.starts)
     for _ in range(5):
-        ra = w.agent_turn("a", ra)
-        assert w.effects.was_served(ra), "a measured closed loop keeps its model while b waits"
-    assert len(w.effects.starts) == starts and w.effects.is_pending(rb)
+        rb = w.agent_turn("b", rb)
+        assert w.effects.was_served(rb), "b keeps its model while its client comes back"
+    assert len(w.effects.starts) == starts and w.effects.is_pending(ra)
+
+
+def test_a_quick_return_of_a_client_that_sent_overlapping_requests_proves_nothing():
+    w = World("ab", closed=False)
+    ra = w.req("a")
+    ra2 = w.req("a")  # two at once: open-loop traffic, not one agent waiting for each answer
+    w.advance(LOAD)
+    w.swap_done("a")
+    w.req("b")
+    w.advance(1.0)
+    w.serve_done(ra)
+    w.serve_done(ra2)
+    assert w.effects.last_start("b").evict == ("a",)
+    w.advance(THINK)
+    w.req("a")
+    assert w.sched.rates.hold_factor("b", w.clock.now) == 0.0
 
 
 def test_batch_idle_model_gives_way_after_its_grace():

@@ -51,6 +51,16 @@ def test_closed_loop_agents_batch_swaps_at_most_a_fifth_of_fifo_within_max_wait(
     assert batch.makespan < fifo.makespan
 
 
+@pytest.mark.parametrize("service", [0.05, 0.2, 1.0])
+def test_acceptance_agents_load_each_model_once_after_the_first_exchange(service):
+    # Three agents, three models, one loaded at a time, six requests each, 50 ms think, 1 s starts.
+    trace = closed_loop_agents(3, 6, think=0.05, load=1.0, service=service)
+    batch = simulate(trace, "batch")
+    assert batch.requests == 18 and batch.errors == 0
+    assert batch.swaps <= 4, batch.loads  # the first model twice (its first exchange teaches), then once each
+    assert batch.makespan < simulate(trace, "fifo").makespan
+
+
 @pytest.mark.parametrize("requests", [30, 90, 180])
 def test_open_loop_interleaved_arrivals_batch_neither_swaps_more_nor_finishes_later(requests):
     trace = interleaved_burst(requests=requests, interval=1.0, load=4.0)  # a, b, c, a, ... one a second
