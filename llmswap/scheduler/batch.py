@@ -38,8 +38,9 @@ request; open-loop traffic arrives regardless, and holding only idles the machin
 open-loop traffic a contender goes as soon as the models in its way have nothing in flight
 (`batch.no_gain`), while the loaded model keeps serving its newcomers meanwhile — FIFO's decision,
 so batch never does worse than FIFO there. It starts that way and holds once a model's clients are
-measured to wait for it, or from the first exchange that shows agents (see `arrivals`). A residency is capped at its load so that it never pushes a waiting
-request past maxWait + one load (unless minResidency is the longer, which then takes precedence).
+measured to wait for it, or from the first exchange that shows agents (see `arrivals`). A residency is
+capped at its load so that it never pushes a waiting request past maxWait + one load
+(unless minResidency is the longer, which then takes precedence).
 
 Backlog hints (`HandlerRequest.backlog`, a task type's durable queue): a model's depth counts them (the
 deepest queue wins among equals); a model whose request announced more is held as a closed loop, within
