@@ -29,6 +29,7 @@ log = logging.getLogger("llmswap.auth")
 
 UNAUTHORIZED = "unauthorized: invalid or missing API key"
 CHALLENGE = 'Basic realm="llmswap"'
+PAGE_CHALLENGE = 'Bearer realm="llmswap"'
 
 # Reachable without a key: health probes, the redirect to the UI and the UI page itself (which then
 # calls the API with a key), CORS preflights.
@@ -103,6 +104,14 @@ def without_credentials(headers: Mapping[str, str]) -> CIMultiDict[str]:
     return kept
 
 
+def challenge(request: web.BaseRequest) -> str:
+    """llama-swap's Basic challenge, except for a page's own fetch calls (`Sec-Fetch-Mode` other than
+    navigate): a browser answers Basic with its login prompt, which would come before the status page's key
+    form (and blocks a headless one). Bearer names the scheme the key goes in and prompts nothing."""
+    mode = request.headers.get("Sec-Fetch-Mode")
+    return CHALLENGE if mode in (None, "navigate") else PAGE_CHALLENGE
+
+
 def presented_key(
     headers: Mapping[str, str], keys: Sequence[ApiKey]
 ) -> tuple[Credential | None, ApiKey | None]:
@@ -122,7 +131,7 @@ def admit(request: web.Request, keys: Sequence[ApiKey]) -> web.Request | web.Res
         why = "no API key" if presented is None else f"the {presented.source} key matches no apiKeys entry"
         log.warning("auth: refused %s %s from %s: %s",
                     request.method, request.path, request.remote or "-", why)
-        return error_response(request, 401, UNAUTHORIZED, headers={"WWW-Authenticate": CHALLENGE})
+        return error_response(request, 401, UNAUTHORIZED, headers={"WWW-Authenticate": challenge(request)})
     admitted = request.clone(headers=without_credentials(request.headers))
     admitted[API_KEY] = key
     return admitted

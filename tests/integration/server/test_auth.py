@@ -64,6 +64,15 @@ async def test_missing_key_is_401_with_a_basic_challenge(serve_config, http):
                      "param": None, "code": "unauthorized"}
 
 
+async def test_a_pages_own_fetch_gets_a_challenge_browsers_do_not_prompt_for(serve_config, http):
+    served = await serve_config(keyed_config())
+    for mode, expected in (("cors", 'Bearer realm="llmswap"'), ("same-origin", 'Bearer realm="llmswap"'),
+                           ("navigate", 'Basic realm="llmswap"')):
+        async with http.get(served.at("/api/events"), headers={"Sec-Fetch-Mode": mode}) as resp:
+            assert resp.status == 401
+            assert resp.headers["WWW-Authenticate"] == expected
+
+
 async def test_each_way_of_sending_the_key_is_accepted(serve_config, http):
     served = await serve_config(keyed_config())
     for headers in (

@@ -17,7 +17,8 @@ async function loadActivity() {
   if (activity.pending) return;
   activity.pending = true;
   try {
-    const response = await api(`/api/metrics/activity?limit=${ACTIVITY_SHOWN}`);
+    const query = typeof activityQuery === "function" ? activityQuery() : `limit=${ACTIVITY_SHOWN}`;
+    const response = await api(`/api/metrics/activity?${query}`);
     if (response.ok) activity.rows = (await response.json()).data;
   } catch (err) {
     console.warn("activity", err);
@@ -65,9 +66,12 @@ function activityRow(r) {
 
 function renderActivity() {
   const body = document.getElementById("activity");
-  body.replaceChildren(...(activity.rows.length ? activity.rows.map(activityRow) :
+  const rows = (typeof filteredRows === "function" ? filteredRows(activity.rows) : activity.rows);
+  const shown = rows.slice(0, ACTIVITY_SHOWN);
+  body.replaceChildren(...(shown.length ? shown.map(activityRow) :
     [el("tr", {}, el("td", { colspan: 13, class: "empty" }, "no requests recorded yet"))]));
-  document.getElementById("activity-count").textContent = activity.rows.length;
+  document.getElementById("activity-count").textContent = rows.length;
+  if (typeof renderActivityStats === "function") renderActivityStats(rows);
 }
 
 // ---------------------------------------------------------------- captures
@@ -172,12 +176,14 @@ async function loadKvCache() {
     document.getElementById("kvcache").replaceChildren(...rows);
   } catch (err) {
     console.warn("kvcache", err);
+    setTimeout(loadKvCache, 3000);  // e.g. before the API key was given
   }
 }
 
 // ---------------------------------------------------------------- playground
 let playing = null;
 function renderExtras() {
+  if (typeof renderFilterModels === "function") { renderFilterModels(); renderLogSources(); }
   const select = document.getElementById("pg-model");
   const ids = [...view.models.keys()].sort();
   const shown = [...select.options].map((o) => o.value);
@@ -193,10 +199,19 @@ async function play() {
   if (playing) { playing.abort(); return; }
   const output = document.getElementById("pg-output");
   const stats = document.getElementById("pg-stats");
+  const asked = document.getElementById("pg-prompt").value;
+  const system = document.getElementById("pg-system").value.trim();
   const body = {
     model: document.getElementById("pg-model").value, stream: true, stream_options: { include_usage: true },
-    messages: [{ role: "user", content: document.getElementById("pg-prompt").value }],
+    messages: [...(system ? [{ role: "system", content: system }] : []), ...chat.turns,
+               { role: "user", content: asked }],
   };
+  const temperature = document.getElementById("pg-temp").value;
+  const maxTokens = document.getElementById("pg-max").value;
+  if (temperature !== "") body.temperature = Number(temperature);
+  if (maxTokens !== "") body.max_tokens = Number(maxTokens);
+  const reasoning = document.getElementById("pg-reasoning");
+  reasoning.textContent = "";
   playing = new AbortController();
   button.textContent = "Stop";
   output.textContent = "";
@@ -228,7 +243,10 @@ async function play() {
           if (event.error) throw new Error(event.error.message);
           const delta = event.choices && event.choices[0] && event.choices[0].delta;
           const piece = delta && (delta.content || "");
-          if (piece) { if (first === null) first = performance.now(); output.textContent += piece; }
+          const thought = delta && (delta.reasoning_content || delta.reasoning || "");
+          if (piece || thought) first = first === null ? performance.now() : first;
+          if (piece) output.textContent += piece;
+          if (thought) reasoning.textContent += thought;
           if (event.usage) stats.textContent = `${event.usage.prompt_tokens} prompt · ${event.usage.completion_tokens} generated tokens`;
           if (event.timings) stats.dataset.speed = event.timings.predicted_per_second;
         }
@@ -236,6 +254,10 @@ async function play() {
     }
     const took = (performance.now() - began) / 1000;
     stats.textContent += (stats.textContent ? " · " : "") + `first token ${first ? ((first - began) / 1000).toFixed(2) : "–"} s · ${took.toFixed(2)} s`;
+    if (stats.dataset.speed) stats.textContent += ` · ${speed(Number(stats.dataset.speed))} tok/s`;
+    chat.turns.push({ role: "user", content: asked }, { role: "assistant", content: output.textContent });
+    showTurns(stats.textContent);
+    document.getElementById("pg-prompt").value = "";
     document.getElementById("playground").dataset.state = "done";
   } catch (err) {
     stats.textContent = err.name === "AbortError" ? "stopped" : `failed: ${err.message || err}`;
@@ -246,6 +268,22 @@ async function play() {
   }
 }
 document.getElementById("pg-send").onclick = play;
+
+// A multi-turn chat: every answer is kept and sent back with the next message, until "New chat".
+const chat = { turns: [], stats: [] };
+function showTurns(latest) {
+  chat.stats.push(latest);
+  const box = document.getElementById("pg-transcript");
+  box.replaceChildren(...chat.turns.map((turn, i) => el("div", { class: "turn " + turn.role, dataset: { turn: i } },
+    el("span", { class: "sub" }, turn.role === "user" ? "you: " : "model: "), turn.content,
+    turn.role === "assistant" ? el("div", { class: "sub" }, chat.stats[(i - 1) / 2] || "") : null)));
+}
+document.getElementById("pg-new").onclick = () => {
+  chat.turns = [];
+  chat.stats = [];
+  document.getElementById("pg-transcript").replaceChildren();
+  for (const id of ["pg-output", "pg-reasoning", "pg-stats"]) document.getElementById(id).textContent = "";
+};
 
 loadActivity();
 loadKvCache();

@@ -1,0 +1,133 @@
+"""The status page's views in a real headless Chromium, with real data behind them: the API key asked in
+the page, the activity filters and stats, the log chooser and filter, the performance charts (their points
+and the swap timeline), the hardware report and a multi-turn playground chat.
+
+With `LLMSWAP_UI_VIEWS_SCREENSHOT=path` the performance view is saved there (docs/ui-performance.png is
+made that way).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+
+import aiohttp
+
+from llmswap.config.model import ApiKey
+from tests.e2e import test_ui_chromium as ui
+from tests.e2e.test_ui_chromium import HEIGHT, KEY, WIDTH, WITHIN, DevTools, chromium
+from tests.helpers.models import demo_config, exclusive_config
+from tests.integration.server.conftest import Served, serving
+
+pytestmark = ui.pytestmark
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+async def chat(http: aiohttp.ClientSession, served: Served, model: str, **extra: object) -> int:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, **extra}
+    async with http.post(served.at("/v1/chat/completions"), json=body, headers=AUTH) as response:
+        await response.read()
+        return response.status
+
+
+def n(selector: str) -> str:
+    """The page expression counting what `selector` finds."""
+    return f"document.querySelectorAll({selector!r}).length"
+
+
+async def count(page: DevTools, selector: str) -> int:
+    return int(await page.evaluate(n(selector)))
+
+
+async def choose(page: DevTools, select: str, value: str) -> None:
+    await page.evaluate(f"(() => {{ const s = document.getElementById({select!r}); s.value = {value!r}; "
+                        "s.dispatchEvent(new Event('change')); })()")
+
+
+async def test_every_view_draws_what_the_api_holds(tmp_path: Path) -> None:
+    config = exclusive_config(demo_config("alpha", "--log-requests"), demo_config("beta", "--log-requests"),
+                              api_keys=(ApiKey(KEY),))
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=WITHIN)
+    async with aiohttp.ClientSession(timeout=timeout) as http, serving(config) as served, \
+            chromium(tmp_path, http) as page:
+        # Real data first: two swaps, a stream, and a request the model refuses.
+        assert await chat(http, served, "alpha") == 200
+        assert await chat(http, served, "beta") == 200
+        assert await chat(http, served, "alpha", stream=True) == 200
+        assert await chat(http, served, "alpha", max_tokens="many") == 400
+
+        await page.call("Page.enable")
+        await page.call("Emulation.setDeviceMetricsOverride", width=WIDTH, height=HEIGHT, deviceScaleFactor=1,
+                        mobile=False)
+        await page.navigate(served.at("/ui"))  # no key in the URL: the page asks in a form, not a prompt()
+        await page.wait_for("document.getElementById('key-dialog').open", what="the key form")
+        await page.evaluate(f"document.getElementById('key-input').value = {KEY!r}")
+        await page.evaluate("document.getElementById('key-use').click()")
+        await page.wait_for("document.body.dataset.connection === 'live'", what="the page to connect")
+        assert await page.evaluate("sessionStorage.getItem('llmswap.apiKey')") == KEY
+
+        # Activity: the filters narrow the rows, the stats follow them.
+        await page.wait_for("document.querySelectorAll('#activity tr[data-activity]').length === 4",
+                            what="four activity rows")
+        await choose(page, "act-model", "beta")
+        await page.wait_for("document.querySelectorAll('#activity tr[data-activity]').length === 1",
+                            what="beta's one row")
+        await choose(page, "act-model", "")
+        await choose(page, "act-status", "client")
+        await page.wait_for("document.querySelectorAll('#activity tr[data-activity]').length === 1",
+                            what="the refused request alone")
+        assert await count(page, "#activity tr[data-status='400']") == 1
+        assert await page.evaluate("document.querySelector('#act-stats b').textContent") == "1"
+        await choose(page, "act-status", "")
+
+        # Logs: one model's own output, then filtered.
+        await page.wait_for(n("#log-source option[value='alpha']") + " === 1",
+                            what="alpha among the log sources")
+        await choose(page, "log-source", "alpha")
+        await page.wait_for("document.getElementById('log').textContent.includes('request POST /v1/chat')",
+                            what="alpha's request lines in its own log")
+        assert "as model beta" not in await page.evaluate("document.getElementById('log').textContent")
+        await page.evaluate("(() => { const f = document.getElementById('log-filter'); "
+                            "f.value = 'listening'; f.dispatchEvent(new Event('input')); })()")
+        shown = await page.evaluate("[...document.querySelectorAll('#log span')].map(s => s.textContent)")
+        assert shown and all("listening" in line for line in shown)
+
+        # Performance: points for both models, the swap timeline, memory.
+        await page.wait_for(n("#chart-requests circle[data-model='alpha']") + " > 0 && "
+                            + n("#chart-requests circle[data-model='beta']") + " > 0",
+                            what="request points for both models")
+        values = await page.evaluate("[...document.querySelectorAll('#chart-requests circle')]"
+                                     ".map(c => Number(c.dataset.value))")
+        assert all(value > 0 for value in values)
+        assert await count(page, "#chart-tokens circle") > 0
+        await page.wait_for(n("#chart-swaps rect[data-model='alpha']") + " === 2",
+                            what="alpha loaded twice on the timeline")
+        assert await count(page, "#chart-swaps rect[data-model='beta']") == 1
+        await page.wait_for(n("#chart-memory circle") + " > 0", what="memory points")
+
+        # Hardware.
+        await page.wait_for(n("#hardware tr[data-key]") + " > 0", what="the hardware rows")
+
+        # Playground: two turns of one conversation.
+        await page.wait_for("document.getElementById('pg-model').value !== ''", what="a model to chat with")
+        for message in ("first question", "second question"):
+            await page.evaluate(f"document.getElementById('pg-prompt').value = {message!r}")
+            await page.evaluate("document.getElementById('pg-send').click()")
+            await page.wait_for("document.getElementById('playground').dataset.state === 'done'",
+                                what="the answer")
+            await page.evaluate("document.getElementById('playground').dataset.state = ''")
+        assert await count(page, "#pg-transcript .turn") == 4
+        async with http.get(served.at("/api/metrics/activity?limit=1"), headers=AUTH) as response:
+            newest = (await response.json())["data"][0]
+        async with http.get(served.at(f"/api/captures/{newest['id']}"), headers=AUTH) as response:
+            sent = json.loads(base64.b64decode((await response.json())["req_body"]))
+        assert [m["role"] for m in sent["messages"]] == ["user", "assistant", "user"]  # the history went too
+        assert sent["messages"][2]["content"] == "second question"
+
+        await page.evaluate("document.querySelector('.charts').closest('section').scrollIntoView()")
+        shot = base64.b64decode((await page.call("Page.captureScreenshot", format="png"))["data"])
+        (tmp_path / "performance.png").write_bytes(shot)
+        if keep := os.environ.get("LLMSWAP_UI_VIEWS_SCREENSHOT"):
+            Path(keep).write_bytes(shot)  # noqa: ASYNC240
