@@ -17,7 +17,14 @@ from typing import NamedTuple, Protocol
 
 from llmswap.activity.captures import Capture, packed, parts_for
 from llmswap.activity.record import NO_METADATA, ActivityRecord, error_message
-from llmswap.activity.tokens import NO_TOKENS, Reported, SseScanner, read_json_answer, token_stats
+from llmswap.activity.tokens import (
+    NO_TOKENS,
+    Reported,
+    SseScanner,
+    cached_of,
+    read_json_answer,
+    token_stats,
+)
 
 JSON_BODY_LIMIT = 16 * 1024 * 1024  # a whole (non-stream) answer larger than this is not read for tokens
 # A stream is held for its capture up to this (or 4x the ring, if smaller: it compresses well, but many
@@ -246,6 +253,18 @@ class Recording:
         recorder's `settle_soon`): the end is taken now, the answer read then."""
         if self._end(status, content_type, body, error):
             self._keeper.settle_soon(self)
+
+    def cached_tokens(self) -> int | None:
+        """Prompt tokens the upstream's answer says came from its cache (None: not said, or not a 2xx): a
+        stream's ends are scanned, a whole answer read. For the access log, before the row is settled."""
+        if not 200 <= (self._status or 0) < 300:
+            return None
+        if self._stream is not None:
+            return cached_of(self._stream.reported())
+        if self._body_overflow or not self._parts:
+            return None
+        whole = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+        return cached_of(read_json_answer(whole, self.facts.req_path))
 
     @property
     def held(self) -> int:

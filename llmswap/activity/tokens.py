@@ -275,6 +275,14 @@ class SseScanner:
         self.reported = fold_event(self.reported, event)
 
 
+def cached_of(reported: Reported) -> int | None:
+    """Prompt tokens the answer says came from the server's cache (llama.cpp's `timings.cache_n`, else the
+    usage's cached count); None when it does not say."""
+    if reported.timings is not None and (cache_n := _int(reported.timings.get("cache_n"))) is not None:
+        return cache_n
+    return reported.cached_tokens if reported.cached_tokens >= 0 else None
+
+
 def token_stats(reported: Reported, wall_ms: int) -> tuple[TokenStats, int]:
     """The row's numbers and its duration (ms): `wall_ms`, or llama.cpp's own prompt + generation time
     when that is longer. Nothing reported → all zeros (llama-swap's "minimal" row)."""

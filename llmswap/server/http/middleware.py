@@ -45,6 +45,7 @@ class AccessRecord:
     answering: bool = False  # the answer's status line went out: no other response can follow
     cut: str = ""  # why llmswap ended the request itself ("cancelled", "shutdown"), if it did
     restore: float | None = None  # seconds of `load` spent restoring the model's saved KV cache
+    cached: int | None = None  # prompt tokens the upstream took from its cache, when its answer said
 
     def loaded(self, seconds: float) -> None:
         """The router's `on_granted`: of the request's wait, its model spent `seconds` loading."""
@@ -70,6 +71,7 @@ class Answered(NamedTuple):
     first_byte: float | None = None
     cut: str = ""  # see AccessRecord
     restore: float | None = None
+    cached: int | None = None
 
 
 UNMATCHED_ROUTE = "unmatched"
@@ -151,6 +153,8 @@ class Timings(Protocol):
     def cut(self) -> str: ...
     @property
     def restore(self) -> float | None: ...
+    @property
+    def cached(self) -> int | None: ...
 
 
 def access_line(remote: str | None, method: str, path: str, status: int, seconds: float, model: str,
@@ -160,7 +164,8 @@ def access_line(remote: str | None, method: str, path: str, status: int, seconds
     A request that waited for a model also says where its time went (OC-CORE-1040): `queue` (waiting
     for its turn), `load` (its model loading), `ttfb` (arrival to the first byte sent) and `decode`
     (first byte to the end of the answer); when the load restored the model's saved KV cache, `restore` says
-    what that took. A request llmswap ended itself says why: `cut=shutdown`."""
+    what that took, and `cached` how many prompt tokens the upstream took from its cache (when its answer
+    says). A request llmswap ended itself says why: `cut=shutdown`."""
     outcome = "client gone" if status == CLIENT_GONE else status
     line = f'{remote or "-"} "{method} {path}" {outcome} {seconds * 1000:.1f}ms'
     if model:
@@ -177,6 +182,8 @@ def access_line(remote: str | None, method: str, path: str, status: int, seconds
         if first_byte is not None:
             decode = seconds - first_byte
             line += f" ttfb={first_byte * 1000:.1f}ms decode={(decode if decode > 0.0 else 0.0) * 1000:.1f}ms"
+    if record is not None and record.cached is not None:
+        line += f" cached={record.cached}"
     if record is not None and record.cut:
         line += f" cut={record.cut}"
     return line
@@ -248,7 +255,7 @@ async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
         observers: list[RequestObserver] = request.app.get(REQUEST_OBSERVERS, [])
         report(Answered(request.method, request.path, route_label(request), request.remote, record.model,
                         status, time.monotonic() - started, record.waited, record.load, record.first_byte,
-                        record.cut, record.restore),
+                        record.cut, record.restore, record.cached),
                observers)
 
 

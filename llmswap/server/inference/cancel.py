@@ -22,7 +22,7 @@ from aiohttp import hdrs, web
 from llmswap.activity.recording import Recording
 from llmswap.server.http.connections import cancel_on_hangup
 from llmswap.server.http.errors import error_response
-from llmswap.server.http.middleware import note_cut
+from llmswap.server.http.middleware import access_record, note_cut
 from llmswap.server.inference.inflight import INFLIGHT, Cut, InflightEntry
 from llmswap.server.inference.proxy import SseErrorFormatter, is_event_stream, openai_sse_error
 from llmswap.server.observe.activity import finish_http
@@ -67,6 +67,8 @@ async def served(
         if entry is not None:
             tracker.close(entry)
         if recording is not None:
+            if recording.answered and (record := access_record(request)) is not None:
+                record.cached = recording.cached_tokens()  # the access line says it (`cached=`)
             finish_http(recording, response)
 
 

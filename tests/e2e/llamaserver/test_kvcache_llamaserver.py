@@ -120,6 +120,7 @@ async def test_a_conversation_that_swaps_away_and_back_restores_its_cache(
     restored = [line for line in server.stderr_lines + server.stdout_lines
                 if '"POST /v1/chat/completions" 200' in line and "model=warm" in line and "restore=" in line]
     assert len(restored) == 1, server.output()  # the first start had nothing to restore
+    assert f"cached={returned.cached}" in restored[0]  # and how much of the prompt the cache gave
 
 
 async def test_a_changed_model_file_restores_nothing(llama_server: str, ggufs: dict[str, Path],

@@ -4,7 +4,14 @@ import json
 
 import pytest
 
-from llmswap.activity.tokens import MAX_LINE, Reported, SseScanner, read_json_answer, token_stats
+from llmswap.activity.tokens import (
+    MAX_LINE,
+    Reported,
+    SseScanner,
+    cached_of,
+    read_json_answer,
+    token_stats,
+)
 
 
 def sse(*events: object) -> bytes:
@@ -159,3 +166,11 @@ def test_usage_is_found_wherever_the_answer_puts_it_and_the_last_one_counts():
                        b'"usage": {"prompt_tokens": 8, "completion_tokens": 4}}')
     stats, _ = token_stats(read_json_answer(nested_then_top), 1)
     assert (stats.input_tokens, stats.output_tokens) == (8, 4)
+
+
+def test_cached_of_prefers_llama_cpp_timings_then_usage_and_says_none_when_unsaid():
+    assert cached_of(read_json_answer(b'{"usage": {"prompt_tokens": 9, "prompt_tokens_details": '
+                                      b'{"cached_tokens": 7}}, "timings": {"cache_n": 8}}')) == 8
+    assert cached_of(read_json_answer(b'{"usage": {"prompt_tokens": 9, "prompt_tokens_details": '
+                                      b'{"cached_tokens": 7}}}')) == 7
+    assert cached_of(read_json_answer(b'{"usage": {"prompt_tokens": 9}}')) is None
