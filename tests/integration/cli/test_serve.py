@@ -238,3 +238,19 @@ async def test_a_plain_start_load_and_reload_log_only_what_a_user_reads(tmp_path
     assert f"the status page is {server.url}/ui" in output  # where a newcomer looks next
     for quiet in ("NVML", "Health check passed", "GET /health", "favicon"):
         assert quiet not in output, output
+
+
+async def test_a_stream_through_upstream_is_cut_at_the_grace_deadline_like_any_other(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "config.yaml", {"slow": demo_model("slow", "--tokens-per-second", "2")})
+    async with running_llmswap(config, "--shutdown-grace", "1") as server, aiohttp.ClientSession() as http:
+        url = f"{server.url}/upstream/slow/v1/chat/completions"
+        async with http.post(url, json=chat("slow", stream=True, max_tokens=200)) as stream:
+            first = await stream.content.readline()
+            server.send_signal(signal.SIGINT)
+            rest = await stream.read()
+        code = await server.wait_exit(WITHIN)
+    events = parse_events((first + rest).decode())
+    assert events[-1].data == "[DONE]"
+    assert "shutting down" in events[-2].json()["error"]["message"]
+    assert code == 0
+    assert any("cut=shutdown" in line and "/upstream/slow/" in line for line in server.stdout_lines)
