@@ -107,9 +107,9 @@ def check_config(sources: ConfigSources) -> int:
     config = _load(sources)
     if config is None:
         return 1
-    for warning in config.warnings:
+    for warning in config.warnings:  # once, on stderr: not again as comments in the config printed
         print(f"warning: {warning}", file=sys.stderr)
-    print(format_config(config), end="")
+    print(format_config(config, warnings=False), end="")
     return 0
 
 

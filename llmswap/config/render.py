@@ -228,8 +228,9 @@ def _tasks(tasks: TasksConfig | None) -> dict[str, Any] | None:
     }
 
 
-def format_config(config: Config) -> str:
-    """The resolved config as YAML (camelCase keys, effective values), warnings first as comments."""
+def format_config(config: Config, *, warnings: bool = True) -> str:
+    """The resolved config as YAML (camelCase keys, effective values), warnings first as comments unless
+    `warnings` is False (check-config prints them on stderr instead)."""
     document: dict[str, Any] = {
         "healthCheckTimeout": _number(config.health_check_timeout),
         "startPort": config.start_port,
@@ -280,6 +281,6 @@ def format_config(config: Config) -> str:
         } or None,
     }
     document = {key: value for key, value in document.items() if value is not None}
-    header = "".join(f"# warning: {warning}\n" for warning in config.warnings)
+    header = "".join(f"# warning: {warning}\n" for warning in config.warnings) if warnings else ""
     body = yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=float("inf"))
     return header + body

@@ -78,6 +78,7 @@ def test_check_config_prints_warnings_to_stderr(tmp_path: Path, capsys: pytest.C
     assert "mysteryKey" in captured.err
     assert captured.err.startswith("warning: ")
     assert "qwen" in captured.out
+    assert (captured.out + captured.err).count("mysteryKey") == 1  # each warning once
 
 
 def test_serving_a_broken_config_exits_1_with_the_problems(
