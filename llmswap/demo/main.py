@@ -77,15 +77,16 @@ async def _serve(options: DemoOptions, started_at: float) -> int:
     claim: Path | None = None
 
     def asleep(sleeping: bool) -> None:
-        """vLLM frees its GPU memory while asleep: so does the fake one."""
+        """vLLM frees its GPU memory while asleep but a CUDA context (`--sleep-residue`): so does the fake."""
         nonlocal claim
         if options.fake_gpu_dir is None or options.fake_vram is None:
             return
-        if sleeping and claim is not None:
+        if claim is not None:
             remove_claim(claim)
             claim = None
-        elif not sleeping and claim is None:
-            claim = write_claim(options.fake_gpu_dir, os.getpid(), options.fake_vram)
+        size = options.sleep_residue if sleeping else options.fake_vram
+        if size:
+            claim = write_claim(options.fake_gpu_dir, os.getpid(), size)
 
     if options.sleep_mode:
         demo.sleep = Sleep(options.sleep_delay, options.wake_delay, on_change=asleep)

@@ -30,6 +30,7 @@ class DemoOptions:
     sleep_mode: bool = False  # vLLM's sleep API (llmswap.demo.sleep_api)
     sleep_delay: float = 0.0
     wake_delay: float = 0.0
+    sleep_residue: int = 0  # bytes of the fake GPU claim kept while asleep (a CUDA context)
 
 
 def _size(text: str) -> int:
@@ -130,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds a POST /sleep takes (default 0)")
     knobs.add_argument("--wake-delay", type=_seconds, default=0.0, metavar="S",
                        help="seconds a POST /wake_up takes (default 0)")
+    knobs.add_argument("--sleep-residue", type=_size, default=0, metavar="SIZE",
+                       help="of --fake-vram, what stays claimed while asleep (a CUDA context; default 0)")
     return parser
 
 
@@ -162,4 +165,5 @@ def parse_options(argv: Sequence[str] | None = None) -> DemoOptions:
         sleep_mode=args.enable_sleep_mode,
         sleep_delay=args.sleep_delay,
         wake_delay=args.wake_delay,
+        sleep_residue=args.sleep_residue,
     )

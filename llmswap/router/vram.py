@@ -86,6 +86,8 @@ class VramRouter(BaseRouter):
         super().__init__("vram", config, scheduler_factory(config, "vram", swapper, clock),
                          process_factory=process_factory, clock=clock)
         self.swapper = self.vram_swapper = swapper
+        self.residues: dict[str, dict[int, int]] = {}  # sleeping model -> bytes it still holds, per device
+        swapper.asleep = self.residues
         self.sample_interval = sample_interval
         self.memory_wait = memory_wait
         self.last_memory_wait: dict[str, float] = {}  # target -> seconds waited for memory before its start
@@ -219,7 +221,28 @@ class VramRouter(BaseRouter):
     def on_process_event(self, event: ProcessEvent) -> None:
         self._generation += 1
         self._moved_at[event.model] = self._generation
+        if event.kind == "slept":
+            self._hold_residue(event.model)
+        elif event.kind in ("woke", "stopped", "exited", "start_failed"):
+            self.residues.pop(event.model, None)
         super().on_process_event(event)
+
+    def _hold_residue(self, model: str) -> None:
+        """A sleeping model holds no footprint, but what its process still holds (a CUDA context, say) is
+        taken from every other model's room until it wakes or stops (`VramSwapper.asleep`)."""
+        process = self.processes.get(model)
+        pid = process.pid if process is not None else None
+        try:
+            usage = self.reader.process_usage(pid) if pid is not None else {}
+        except Exception:
+            log.exception("vram: reading the memory of sleeping %s failed", model)
+            usage = {}
+        residue = {device: size for device, size in usage.items() if size > 0}
+        if residue:
+            held = ", ".join(f"{format_bytes(n)} on GPU {d}" for d, n in sorted(residue.items()))
+
+            log.info("vram: %s sleeps holding %s", model, held)
+            self.residues[model] = residue
 
     def _others_settled(self, model: str) -> bool:
         return all(p.state in _SETTLED for m, p in self.processes.items() if m != model)
@@ -283,8 +306,9 @@ class VramRouter(BaseRouter):
         running = [m for m, p in self.processes.items() if p.state.is_running]
         devices = {}
         for device, budget in sorted(self.vram_swapper.budgets.items()):
-            used = sum(self.book.footprint_of(m).per_device.get(device, 0) for m in running)
+            asleep = sum(held.get(device, 0) for held in self.residues.values())
+            used = sum(self.book.footprint_of(m).per_device.get(device, 0) for m in running) + asleep
             devices[self.vram_swapper.label(device)] = {"budget": budget, "in_use": used,
                                                    "budget_human": format_bytes(budget),
-                                                   "in_use_human": format_bytes(used)}
+                                                   "in_use_human": format_bytes(used), "asleep": asleep}
         return {"vram": {"reader": self.reader.kind, "devices": devices}}

@@ -84,6 +84,9 @@ class VramSwapper:
     ) -> None:
         self._book = book
         self.budgets = dict(budgets)
+        # What sleeping models still hold, per device (the router keeps it): not theirs to evict, but taken
+        # from the room every other model has, until they wake (then it is their footprint again) or stop.
+        self.asleep: Mapping[str, Mapping[int, int]] = {}
         self._models = models
         self._evict_costs = evict_costs
         self._labels = dict(device_labels or {})
@@ -131,7 +134,7 @@ class VramSwapper:
         need = {d: b for d, b in fp.per_device.items() if b > 0}
         others = [m for m in running if m != target]
         if target in running:
-            return VramPlan(target, need, (), self._free_after(need, others, ()))
+            return VramPlan(target, need, (), self._free_after(target, need, others, ()))
         # Where it was measured is where it lives; until then, where the config places it.
         placed = set(fp.per_device) if fp.learned is not None else set(self._book.devices_of(target))
         for device in sorted(placed | set(need)):
@@ -148,10 +151,11 @@ class VramSwapper:
             need = self._need_unmeasured(target, need, persistent, sizes)
         self._check_fits_alone(target, fp.source, need, persistent, sizes)
 
-        deficit = {d: _used(sizes, others, d) + b - self.budgets[d] for d, b in need.items()}
+        deficit = {d: _used(sizes, others, d) + self._asleep_on(d, target) + b - self.budgets[d]
+                   for d, b in need.items()}
         deficit = {d: x for d, x in deficit.items() if x > 0}
         if not deficit:
-            return VramPlan(target, need, (), self._free_after(need, others, ()))
+            return VramPlan(target, need, (), self._free_after(target, need, others, ()))
 
         recency = sorted(others, key=lambda m: (_recency(self._book.last_used(m)), m))
         rank = {m: i for i, m in enumerate(recency)}
@@ -175,7 +179,7 @@ class VramSwapper:
         evict = tuple(
             Eviction(c.model, sizes[c.model], c.cost / _COST_UNIT) for c in chosen
         )
-        return VramPlan(target, need, evict, self._free_after(need, others, evict), exact)
+        return VramPlan(target, need, evict, self._free_after(target, need, others, evict), exact)
 
     def _check_fits_alone(
         self,
@@ -231,11 +235,15 @@ class VramSwapper:
         return f"lower models.{target}.vram or raise routing.router.settings.budget"
 
     def _free_after(
-        self, need: Mapping[int, int], others: Sequence[str], evict: Sequence[Eviction]
+        self, target: str, need: Mapping[int, int], others: Sequence[str], evict: Sequence[Eviction]
     ) -> dict[int, int]:
         gone = {e.model for e in evict}
         sizes = {m: self._book.footprint_of(m).per_device for m in others if m not in gone}
-        return {d: self.budgets.get(d, 0) - _used(sizes, sizes, d) - b for d, b in sorted(need.items())}
+        return {d: self.budgets.get(d, 0) - _used(sizes, sizes, d) - self._asleep_on(d, target) - b
+                for d, b in sorted(need.items())}
+
+    def _asleep_on(self, device: int, target: str) -> int:
+        return sum(held.get(device, 0) for model, held in self.asleep.items() if model != target)
 
     def _bytes_on_devices(self, per_device: Mapping[int, int]) -> str:
         parts = [f"{format_bytes(b)} on {self.label(d)}" for d, b in sorted(per_device.items())]

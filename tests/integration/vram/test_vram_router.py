@@ -165,3 +165,29 @@ async def eventually_starting(router: VramRouter, name: str) -> None:
         return router.processes[name].state is ProcessState.STARTING
 
     await eventually(starting, within=10, what=f"{name} starting")
+
+
+async def test_a_sleeping_model_holds_no_footprint_but_its_residue_counts(tmp_path: Path) -> None:
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    reader = FakeReader(totals=(10 * GiB,), gpu_dir=gpu)
+    sleepy = ("--enable-sleep-mode", "--sleep-residue", "3GiB")
+    calls = {"sleep_call": ("POST", "/sleep?level=1"), "wake_call": ("POST", "/wake_up")}
+    a = demo_config("a", "--fake-vram", "6GiB", "--fake-gpu-dir", str(gpu), *sleepy, vram=6 * GiB, **calls)
+    b = model("b", gpu, "6GiB", 6 * GiB)
+    c = model("c", gpu, "2GiB", 2 * GiB)
+    router = vram_router(vram_config(tmp_path, a, b, c), reader)
+    try:
+        await use(router, "a")
+        await use(router, "b")  # a (6 GiB) sleeps for b, keeping 3 GiB: 3 + 6 fit in 10
+        assert router.processes["a"].state is ProcessState.SLEEPING
+        assert router.residues == {"a": {0: 3 * GiB}}
+        extras = router.router_extras()["vram"]["devices"]["GPU 0"]
+        assert (extras["budget"], extras["in_use"], extras["asleep"]) == (10 * GiB, 9 * GiB, 3 * GiB)
+        await use(router, "c")  # b + c = 8 would fit in 10, not beside a's 3: b goes
+        assert running(router) == {"c"}
+        await use(router, "a")  # a wakes: its residue is a footprint again
+        assert router.residues == {}
+        assert running(router) == {"a", "c"}
+    finally:
+        await router.shutdown()

@@ -299,6 +299,17 @@ def test_plan_reports_needs_costs_and_free_memory() -> None:
     assert plan.exact
 
 
+def test_what_sleeping_models_hold_is_room_nobody_else_has_except_the_one_waking() -> None:
+    swapper, _ = build({"a": M(10), "b": M(6), "t": M(8), "s": M(12)}, evict_costs={})
+    assert swapper.plan("t", ["a", "b"]).evict == ()  # 10 + 6 + 8 = 24: fits
+    swapper.asleep = {"s": {0: 2 * GiB}}  # s sleeps, keeping 2 GiB
+    plan = swapper.plan("t", ["a", "b"])
+    [evicted] = [e.model for e in plan.evict]  # one of them must go now
+    kept = {"a": 10, "b": 6}["b" if evicted == "a" else "a"]
+    assert plan.free_after == {0: (24 - kept - 2 - 8) * GiB}
+    assert swapper.plan("s", ["a"]).evict == ()  # s waking: its own 2 GiB become part of its 12
+
+
 def test_evictions_are_listed_least_recently_used_first() -> None:
     swapper, _ = build(
         {
