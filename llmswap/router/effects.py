@@ -208,8 +208,10 @@ class RouterEffects(Effects):
             error = SwapFailed(str(exc) or type(exc).__name__)
         duration = self.clock() - started
         if error is None:
+            evicted = [m + (" (asleep)" if self.processes[m].state is ProcessState.SLEEPING else "")
+                       for m in plan.evict]
             log.info("swap: %s ready in %.2fs (evicted %s, rule %s)", plan.model, duration,
-                     list(plan.evict) or "nothing", plan.rule)
+                     evicted or "nothing", plan.rule)
         else:
             log.warning("swap: %s failed after %.2fs: %s", plan.model, duration, error)
         self._post(SwapDone(plan.model, error, duration))

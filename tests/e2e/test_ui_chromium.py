@@ -297,6 +297,11 @@ async def test_the_load_and_unload_buttons_start_and_stop_a_model(tmp_path: Path
         await page.wait_for(f"{model_state('m')} === 'stopped'", what="m shown stopped after Unload")
         assert served.router.model_state("m") is ProcessState.STOPPED
 
+        await page.evaluate(f"{button('m', 'load')}.click()")
+        await page.wait_for(f"{model_state('m')} === 'ready'", what="m ready again")
+        await page.evaluate("document.getElementById('unload-all').click()")
+        await page.wait_for(f"{model_state('m')} === 'stopped'", what="m stopped by Unload all")
+
 
 async def test_a_loading_model_shows_its_progress_estimate(tmp_path: Path) -> None:
     # The first load is measured; the second shows `~NN% of ~3.0 s` under the model's state while it lasts.

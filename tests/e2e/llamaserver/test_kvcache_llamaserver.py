@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 
 from tests.e2e.llamaserver.conftest import START_WITHIN, llamaserver_entry
 from tests.helpers.cli import LlmswapProcess, running_llmswap, stop_with, write_config
@@ -136,9 +137,11 @@ async def test_a_changed_model_file_restores_nothing(llama_server: str, ggufs: d
         # the save into it without a word).
         write_tiny_llama(TinyLlama("chat", embedding=256, layers=4, feed_forward=704, heads=4, kv_heads=2,
                                    context=4096, seed=99), own["chat"])
-        changed = await ask(server, "warm", follow_up(first, answer.text))
+        second = follow_up(first, answer.text)
+        changed = await ask(server, "warm", second)
         assert changed.cached == 0, changed.timings
         assert not (tmp_path / "kv" / "warm" / "slot0.bin").exists()
+        assert changed.text == (await ask(server, "cold", second)).text  # it answers as the new model does
         stale = [line for line in server.stderr_lines + server.stdout_lines if "stale save" in line]
         assert stale and "changed" in stale[0], server.output()
 
@@ -153,6 +156,24 @@ async def test_a_conversation_survives_a_restart_of_llmswap(llama_server: str, g
     async with running_llmswap(config) as server:
         again = await ask(server, "warm", follow_up(first, answer.text))
     assert again.cached >= 0.95 * (again.cached + again.processed), again.timings
+
+
+async def test_a_changed_cmd_restores_nothing(llama_server: str, ggufs: dict[str, Path],
+                                             tmp_path: Path) -> None:
+    config = config_of(tmp_path, llama_server, ggufs)
+    async with running_llmswap(config) as server:
+        first = opening()
+        answer = await ask(server, "warm", first)
+        await ask(server, "other", opening(3))  # warm saved
+        document = yaml.safe_load(config.read_text())
+        document["models"]["warm"]["cmd"] += " --temp 0"  # another command line: another server
+        config.write_text(yaml.safe_dump(document, sort_keys=False))
+        server.send_signal(signal.SIGHUP)
+        await server.wait_for_output("config reload: applied")
+        again = await ask(server, "warm", follow_up(first, answer.text))
+    assert again.cached == 0, again.timings
+    output = server.stderr_lines + server.stdout_lines
+    assert any("stale save" in line and "changed" in line for line in output), server.output()
 
 
 async def test_saves_are_deleted_when_llmswap_was_killed_while_the_model_served(

@@ -70,6 +70,7 @@ async def test_two_sleeping_models_start_once_each_and_wake_after(tmp_path: Path
         assert len(lines(server, f"[{model}] asleep in")) == 1 + (model == "a"), server.output()
         assert len(lines(server, f"[{model}] awake in")) == 1, server.output()
     assert third < first and fourth < first  # a wake, not a start (1 s), in the same run
+    assert lines(server, "swap: b ready in") and "evicted ['a (asleep)']" in lines(server, "swap: b ready")[0]
     assert 'llmswap_model_sleep_duration_seconds_count{action="wake",model="a"} 1.0' in metrics
 
 
