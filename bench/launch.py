@@ -97,18 +97,24 @@ async def running_llmswap(config: Path, ready_urls: Sequence[str], args: Sequenc
 
 
 async def wait_ready(server: Llmswap, urls: Sequence[str]) -> None:
-    deadline = time.monotonic() + READY_WITHIN
+    await wait_answering(server.process, urls, "llmswap")
+
+
+async def wait_answering(process: subprocess.Popen[bytes], urls: Sequence[str], name: str,
+                         within: float = READY_WITHIN) -> None:
+    """Return once every one of `urls` answers 200; SystemExit when `process` exits first or time runs out."""
+    deadline = time.monotonic() + within
     async with aiohttp.ClientSession() as http:
         for url in urls:
             while True:
-                if server.process.poll() is not None:
-                    raise SystemExit(f"llmswap exited with status {server.process.returncode} during startup")
+                if process.poll() is not None:
+                    raise SystemExit(f"{name} exited with status {process.returncode} during startup")
                 with contextlib.suppress(aiohttp.ClientError):
                     async with http.get(url) as response:
                         if response.status == 200:
                             break
                 if time.monotonic() > deadline:
-                    raise SystemExit(f"{url} did not answer 200 within {READY_WITHIN:g} s of llmswap's start")
+                    raise SystemExit(f"{url} did not answer 200 within {within:g} s of {name}'s start")
                 await asyncio.sleep(0.05)
 
 

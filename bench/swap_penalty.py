@@ -35,7 +35,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.launch import HOST, free_port, running_llmswap
+from bench.launch import HOST, free_port, running_llmswap, wait_answering
 from bench.report import Row, markdown_table, ms, ratio
 from bench.report import machine as describe_machine
 
@@ -168,18 +168,7 @@ async def running(argv: list[str], health: str, log: Path) -> AsyncIterator[None
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,  # noqa: ASYNC220
                                    start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        async with aiohttp.ClientSession() as http:
-            while True:
-                if process.poll() is not None:
-                    raise SystemExit(f"{argv[0]} exited ({process.returncode}); see {log}")
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(health) as response:
-                        if response.status == 200:
-                            break
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"{health} did not answer within 120 s; see {log}")
-                await asyncio.sleep(0.1)
+        await wait_answering(process, [health], f"{Path(argv[0]).name} (its output: {log})", within=120)
         yield
     finally:
         process.terminate()
