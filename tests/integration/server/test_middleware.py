@@ -48,7 +48,8 @@ async def test_an_inference_access_line_says_where_its_time_went(serve_config, h
             await resp.read()
     line = next(r.getMessage() for r in caplog.records if r.name == "llmswap.access")
     fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
-    assert set(fields) == {"model", "queue", "load", "ttfb", "decode"}
+    assert set(fields) == {"model", "queue", "load", "ttfb", "decode", "cached"}
+    assert fields["cached"] == "0"  # the demo reports llama.cpp timings: none of its prompt was cached
     load = float(fields["load"].removesuffix("ms"))
     assert load >= 300.0, "the wait was mostly the model's load (its /health answers 503 for 0.3 s)"
     assert float(fields["ttfb"].removesuffix("ms")) >= load
