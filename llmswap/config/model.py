@@ -148,6 +148,7 @@ class PeerConfig:
     api_key: str = ""
     filters: Filters = field(default_factory=Filters)
     timeouts: Timeouts = field(default_factory=lambda: Timeouts(response_header=60.0))
+    discover: bool = False  # llmswap: another llmswap, followed on its /api/events (inference/placement.py)
 
 
 SELECTOR_STRATEGIES = ("warm", "pin", "spillover")

@@ -13,7 +13,7 @@ from llmswap.config.fields import Fields
 from llmswap.config.model import PeerConfig, Timeouts
 from llmswap.config.yamltree import Map
 
-PEER_KEYS = ("proxy", "apiKey", "models", "filters", "timeouts")
+PEER_KEYS = ("proxy", "apiKey", "models", "filters", "timeouts", "discover")
 IGNORED_PEER_KEYS = ("tailcatKey",)  # llama-swap's Tailscale transport, not supported here
 PEER_TIMEOUTS = Timeouts(response_header=60.0)
 
@@ -67,7 +67,8 @@ def read_peers(root: Fields, model_ids: Collection[str], aliases: Mapping[str, s
                     f'and peers.{peer_id} model "{name}"',
                 )
             owner.setdefault(fqn, (peer_id, name))
-        if not models:
+        discover = fields.flag("discover", False)
+        if not models and not discover:
             fields.error(
                 "models" if "models" in fields.map.entries else None,
                 "peer models can not be empty; list the model names the peer serves",
@@ -81,5 +82,6 @@ def read_peers(root: Fields, model_ids: Collection[str], aliases: Mapping[str, s
             timeouts=read_timeouts(
                 fields.mapping("timeouts", "a mapping of timeouts in seconds"), PEER_TIMEOUTS
             ),
+            discover=discover,
         )
     return peers

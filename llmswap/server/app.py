@@ -14,7 +14,7 @@ from llmswap.server.admin import kvcache as kvcache_http
 from llmswap.server.admin import models as admin
 from llmswap.server.admin import tasks as tasks_http
 from llmswap.server.http import guard, middleware
-from llmswap.server.inference import cancel, profiles, realtime
+from llmswap.server.inference import cancel, peer_watch, profiles, realtime
 from llmswap.server.inference import passthrough as upstream
 from llmswap.server.inference import routes as inference
 from llmswap.server.observe import activity as activity_api
@@ -55,6 +55,7 @@ def create_app(server_state: ServerState, services: Services | None = None) -> w
     activity_api.publish_to(parts.recorder, parts.events)
     activity_metrics.setup(parts.metrics.registry, parts.recorder)
     cancel.setup(app)
+    peer_watch.setup(app)
     performance_api.setup(app)
     ui.setup(app)
     app.on_startup.append(_start_tasks)

@@ -17,6 +17,7 @@ from llmswap.activity.recorder import ActivityRecorder
 from llmswap.machine import MemoryReader
 from llmswap.server.admin.tasks import TASKS, Tasks
 from llmswap.server.inference.inflight import INFLIGHT, InflightTracker
+from llmswap.server.inference.peer_watch import PEER_WATCH, PeerWatch
 from llmswap.server.inference.profiles import PROFILES, Profiles
 from llmswap.server.inference.proxy import DISPATCHER, UPSTREAMS
 from llmswap.server.inference.selectors import SELECTORS, Selectors
@@ -45,6 +46,7 @@ class Services:
     profiles: Profiles  # the active profile
     selectors: Selectors  # the selectors' counts
     tasks: Tasks  # the task queue, once the config has one
+    peers: PeerWatch  # what the `discover: true` peers say about themselves
 
     def install(self, app: web.Application) -> None:
         """Put each part under its key, where the routes read it."""
@@ -59,6 +61,7 @@ class Services:
         app[PROFILES] = self.profiles
         app[SELECTORS] = self.selectors
         app[TASKS] = self.tasks
+        app[PEER_WATCH] = self.peers
 
 
 def build_services(
@@ -88,6 +91,7 @@ def build_services(
         profiles=Profiles(state.config),
         selectors=Selectors(),
         tasks=Tasks(),
+        peers=PeerWatch(),
     )
 
 

@@ -46,6 +46,7 @@ class AccessRecord:
     cut: str = ""  # why llmswap ended the request itself ("cancelled", "shutdown"), if it did
     restore: float | None = None  # seconds of `load` spent restoring the model's saved KV cache
     cached: int | None = None  # prompt tokens the upstream took from its cache, when its answer said
+    placed: str = ""  # where discover peers were weighed: the host chosen and why
 
     def loaded(self, seconds: float) -> None:
         """The router's `on_granted`: of the request's wait, its model spent `seconds` loading."""
@@ -72,6 +73,7 @@ class Answered(NamedTuple):
     cut: str = ""  # see AccessRecord
     restore: float | None = None
     cached: int | None = None
+    placed: str = ""
 
 
 UNMATCHED_ROUTE = "unmatched"
@@ -116,6 +118,12 @@ def note_restore(request: web.Request, seconds: float) -> None:
         record.restore = seconds
 
 
+def note_placed(request: web.Request, reason: str) -> None:
+    """Record where a model served here and on discover peers was placed, and why."""
+    if (record := access_record(request)) is not None:
+        record.placed = reason
+
+
 def note_answering(request: web.BaseRequest) -> None:
     """Record that the answer's status and headers went out (a later error can no longer be a response)."""
     if (record := access_record(request)) is not None:
@@ -155,6 +163,8 @@ class Timings(Protocol):
     def restore(self) -> float | None: ...
     @property
     def cached(self) -> int | None: ...
+    @property
+    def placed(self) -> str: ...
 
 
 def access_line(remote: str | None, method: str, path: str, status: int, seconds: float, model: str,
@@ -186,6 +196,9 @@ def access_line(remote: str | None, method: str, path: str, status: int, seconds
         line += f" cached={record.cached}"
     if record is not None and record.cut:
         line += f" cut={record.cut}"
+    if record is not None and record.placed:
+        line += f' placed="{record.placed}"'
+
     return line
 
 
@@ -255,7 +268,7 @@ async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
         observers: list[RequestObserver] = request.app.get(REQUEST_OBSERVERS, [])
         report(Answered(request.method, request.path, route_label(request), request.remote, record.model,
                         status, time.monotonic() - started, record.waited, record.load, record.first_byte,
-                        record.cut, record.restore, record.cached),
+                        record.cut, record.restore, record.cached, record.placed),
                observers)
 
 

@@ -17,6 +17,7 @@ from yarl import URL
 
 from llmswap.activity.recording import Recording
 from llmswap.config.model import Config, PeerConfig
+from llmswap.server.inference.placement import FORWARDED_HEADER
 from llmswap.server.inference.proxy import UPSTREAMS, Body, SseErrorFormatter, forward, openai_sse_error
 from llmswap.server.state import state
 from llmswap.upstream.watchdog import Watchdog
@@ -91,11 +92,15 @@ async def forward_to_peer(
     query: str | None = None,
     sse_error: SseErrorFormatter = openai_sse_error,
     recording: Recording | None = None,
+    forwarded: bool = False,
 ) -> web.StreamResponse:
-    """Send the (already rewritten) request to `peer`; transport failures → 502 `peer proxy error: ...`."""
+    """Send the (already rewritten) request to `peer`; transport failures → 502 `peer proxy error: ...`.
+    `forwarded`: placed there by state (`placement.py`), marked so that the peer never forwards it again."""
     server = state(request)
     upstream = request.app[UPSTREAMS].upstream(f"peer:{peer.id}", peer.timeouts)
     extra, drop = peer_headers(peer, request.headers, llmswap_has_keys=bool(server.config.api_keys))
+    if forwarded:
+        extra[FORWARDED_HEADER] = "1"
     return await forward(
         request,
         base_url=peer.proxy,

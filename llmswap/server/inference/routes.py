@@ -28,6 +28,7 @@ from llmswap.server.http.errors import error_response, scheduler_error_response
 from llmswap.server.inference import guardrails
 from llmswap.server.inference.cancel import served
 from llmswap.server.inference.loading import LoadingFeedback, StreamDialect, dialect_for
+from llmswap.server.inference.peer_watch import placement_for
 from llmswap.server.inference.peers import forward_to_peer, resolve_peer
 from llmswap.server.inference.profiles import PROFILES
 from llmswap.server.inference.proxy import (
@@ -232,6 +233,17 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
     try:
         real = config.real_model_name(found.model)
         if real is not None:
+            placed = placement_for(request, real)
+            if placed is not None:
+                middleware.note_placed(request, placed.reason)
+            if placed is not None and placed.host:  # another llmswap serves it better (placement.py)
+                name = f"{placed.host}/{real}"
+                middleware.note_model(request, name)
+                recording = begin_http(request, model=name, requested=asked_for, req_path=route.upstream_path)
+                peer_config = config.peers[placed.host]
+                work = _serve_peer(request, peer_config, real, incoming, recording, forwarded=True)
+                return await served(request, work, model=name, recording=recording,
+                                    sse_error=incoming.dialect.error)
             middleware.note_model(request, real)
             recording = begin_http(request, model=real, requested=asked_for, req_path=route.upstream_path)
             work = _serve_local(request, server, router, config.models[real], incoming, recording)
@@ -333,7 +345,8 @@ async def _serve_local(
 
 
 async def _serve_peer(
-    request: web.Request, peer: PeerConfig, bare_model: str, incoming: InferenceRequest, recording: Recording
+    request: web.Request, peer: PeerConfig, bare_model: str, incoming: InferenceRequest, recording: Recording,
+    *, forwarded: bool = False,
 ) -> web.StreamResponse:
     found = incoming.found
     plan = plan_for(peer.filters, found.model, model=bare_model)
@@ -345,6 +358,7 @@ async def _serve_peer(
         query=query_with_model(request, bare_model) if found.source == "query" else None,
         sse_error=incoming.dialect.error,
         recording=recording,
+        forwarded=forwarded,
     )
 
 

@@ -1,0 +1,186 @@
+"""Following the `discover: true` peers (other llmswaps) on their `/api/events` streams, to know their state.
+
+One task per such peer reads its stream (with its `apiKey`), keeps a `HostView` of it from the `snapshot`
+(models, states, counts, the vram router's free memory), `modelStatus`, `processEvent` and `queue` frames,
+and reconnects with a backoff (0.5 s doubling to 10 s) when the stream breaks. A peer is fresh while its
+stream is open and something (a frame, or the `: keepalive` its feed sends after 15 s of silence) arrived
+within `STALE_AFTER`. The set of peers followed follows the config across reloads (`reconcile`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from llmswap.config.model import Config, PeerConfig
+from llmswap.process.state import ProcessState
+from llmswap.server.inference.placement import (
+    FORWARDED_HEADER,
+    HostView,
+    ModelView,
+    Placement,
+    local_view,
+    place,
+)
+from llmswap.server.observe.eventbus import Event
+from llmswap.server.observe.events import FEED
+from llmswap.server.state import STATE
+
+log = logging.getLogger("llmswap.peers")
+
+STALE_AFTER = 30.0  # seconds without a frame or keep-alive: twice the feed's keep-alive interval
+
+
+class PeerWatch:
+    """The live views of the discovered peers, by peer id."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self.views: dict[str, HostView] = {}
+        self._heard: dict[str, float] = {}
+        self._tasks: dict[str, tuple[PeerConfig, asyncio.Task[None]]] = {}
+        self._clock = clock
+
+    def fresh_views(self) -> list[HostView]:
+        """Every followed peer's view, `fresh` set as of now."""
+        now = self._clock()
+        for name, view in self.views.items():
+            view.fresh = view.fresh and now - self._heard.get(name, 0.0) < STALE_AFTER
+        return list(self.views.values())
+
+    def reconcile(self, config: Config) -> None:
+        """Follow exactly the config's discover peers (a changed peer is followed anew)."""
+        wanted = {peer.id: peer for peer in config.peers.values() if peer.discover}
+        for name, (peer, task) in list(self._tasks.items()):
+            if wanted.get(name) != peer:
+                task.cancel()
+                del self._tasks[name]
+                self.views.pop(name, None)
+        for name, peer in wanted.items():
+            if name not in self._tasks:
+                self.views[name] = HostView(name, fresh=False)
+                task = asyncio.get_running_loop().create_task(self._follow(peer), name=f"peer-watch-{name}")
+                self._tasks[name] = (peer, task)
+
+    async def close(self) -> None:
+        tasks = [task for _, task in self._tasks.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def _follow(self, peer: PeerConfig) -> None:
+        backoff = 0.5
+        headers = {"Authorization": f"Bearer {peer.api_key}"} if peer.api_key else {}
+        url = peer.proxy.rstrip("/") + "/api/events"
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=STALE_AFTER)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            while True:
+                try:
+                    async with http.get(url, headers=headers) as response:
+                        if response.status != 200:
+                            raise ConnectionError(f"{url} answered {response.status}")
+                        backoff = 0.5
+                        await self._read(peer.id, response)
+                except (aiohttp.ClientError, ConnectionError, TimeoutError, ValueError) as exc:
+                    log.debug("peer %s: events stream: %s", peer.id, exc)
+                view = self.views.get(peer.id)
+                if view is not None and view.fresh:
+                    log.warning("peer %s: its events stream closed; not a candidate until it is back",
+                                peer.id)
+                    view.fresh = False
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    async def _read(self, name: str, response: aiohttp.ClientResponse) -> None:
+        data: list[str] = []
+        async for raw in response.content:
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            self._heard[name] = self._clock()
+            if line.startswith("data:"):
+                data.append(line[5:].lstrip(" "))
+            elif not line and data:
+                envelope = json.loads("\n".join(data))
+                data = []
+                payload = envelope.get("data")
+                decoded = json.loads(payload) if isinstance(payload, str) else payload
+                self._apply(name, envelope.get("type"), decoded)
+
+    def _apply(self, name: str, kind: Any, data: Any) -> None:
+        view = self.views.get(name)
+        if view is None:
+            return
+        if kind == "snapshot" and isinstance(data, dict):
+            view.models = {m["id"]: ModelView(str(m.get("state", "stopped")), int(m.get("in_flight") or 0),
+                                              int(m.get("waiting") or 0))
+                           for m in data.get("models", []) if isinstance(m, dict) and "id" in m}
+            view.free_memory = _free_memory(data.get("router_extras"))
+            if not view.fresh:
+                log.info("peer %s: following its state (%d models)", name, len(view.models))
+            view.fresh = True
+        elif kind == "modelStatus" and isinstance(data, list):
+            for status in data:
+                model = status.get("id") if isinstance(status, dict) else None
+                if model in view.models and not status.get("peerID"):
+                    old = view.models[model]
+                    view.models[model] = ModelView(str(status.get("state")), old.in_flight, old.waiting)
+        elif kind in ("queue", "processEvent") and isinstance(data, dict) \
+                and data.get("model") in view.models:
+            model = data["model"]
+            old = view.models[model]
+            if kind == "queue":
+                view.models[model] = ModelView(old.state, int(data.get("in_flight") or 0),
+                                               int(data.get("waiting") or 0))
+            elif data.get("state"):
+                view.models[model] = ModelView(str(data["state"]), old.in_flight, old.waiting)
+
+
+def _free_memory(extras: Any) -> int | None:
+    devices = extras.get("vram", {}).get("devices") if isinstance(extras, dict) else None
+    if not isinstance(devices, dict):
+        return None
+    return sum(max(0, int(d.get("budget", 0)) - int(d.get("in_use", 0))) for d in devices.values()
+               if isinstance(d, dict))
+
+
+PEER_WATCH: web.AppKey[PeerWatch] = web.AppKey("llmswap_peer_watch", PeerWatch)
+
+
+def setup(app: web.Application) -> None:
+    """Follow the discover peers from the start, and again after each config reload."""
+
+    async def start(app: web.Application) -> None:
+        app[STATE].watch_router(lambda router: app[PEER_WATCH].reconcile(router.config))
+
+    async def stop(app: web.Application) -> None:
+        with contextlib.suppress(Exception):
+            await app[PEER_WATCH].close()
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+
+
+def placement_for(request: web.Request, model: str) -> Placement | None:
+    """Where a request for `model` (a local model id) goes when discover peers serve it too; None when no
+    such peer is followed or the request was forwarded here already (one hop at most)."""
+    watch = request.app[PEER_WATCH]
+    if not watch.views or FORWARDED_HEADER in request.headers:
+        return None
+    peers = [view for view in watch.fresh_views() if model in view.models or not view.fresh]
+    if not peers:
+        return None
+    router = request.app[STATE].router
+    counts = router.snapshot()
+    states = {m: state.value for m, state in router.running_models().items()}
+    states.setdefault(model, (router.model_state(model) or ProcessState.STOPPED).value)
+    here = local_view(states, counts.in_flight, counts.waiting, _free_memory(router.router_extras()))
+    placed = place(model, here, peers)
+    request.app[FEED].publish(Event("placement", {"model": model, "host": placed.host or "local",
+                                                  "reason": placed.reason}))
+    return placed

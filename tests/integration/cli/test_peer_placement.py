@@ -1,0 +1,67 @@
+"""Peers chosen by their live state, with two real llmswaps on loopback: `a` defines model `m` and follows `b`
+(`discover: true`), which defines `m` too and has it loaded. A request to `a` goes where `m` is ready, and
+stays on `a` once `b` is gone or when it was forwarded already.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import aiohttp
+
+from tests.helpers.cli import LlmswapProcess, demo_model, running_llmswap, write_config
+from tests.helpers.wait import eventually
+
+
+async def chat(server: LlmswapProcess, **headers: str) -> int:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    async with aiohttp.ClientSession() as http, http.post(f"{server.url}/v1/chat/completions", json=body,
+                                                           headers=headers) as response:
+        await response.read()
+        return response.status
+
+
+def access_lines(server: LlmswapProcess) -> list[str]:
+    output = server.stdout_lines + server.stderr_lines
+    return [line for line in output if '"POST /v1/chat/completions"' in line]
+
+
+async def nth_line(server: LlmswapProcess, count: int) -> str:
+    """The `count`th access line of a chat (written just after the answer: wait for it)."""
+    async def written() -> bool:
+        return len(access_lines(server)) >= count
+
+    await eventually(written, what=f"access line {count}")
+    return access_lines(server)[count - 1]
+
+
+async def test_a_model_ready_on_the_peer_is_served_there_until_the_peer_goes(tmp_path: Path) -> None:
+    preload = {"on_startup": {"preload": ["m"]}}
+    b_config = write_config(tmp_path / "b.yaml", {"m": demo_model("m")}, hooks=preload)
+    async with running_llmswap(b_config) as b:
+        await b.wait_for_output("preload: m ready")
+        a_config = write_config(tmp_path / "a.yaml", {"m": demo_model("m", "--startup-delay", "0.5")},
+                                peers={"b": {"proxy": b.url, "discover": True}})
+        async with running_llmswap(a_config) as a:
+            await a.wait_for_output("peer b: following its state")
+            assert await chat(a) == 200
+            line = await nth_line(a, 1)
+            assert "model=b/m" in line and 'placed="ready with room on b"' in line
+            assert a.upstreams() == {}  # a's own m never started
+            assert "model=m" in await nth_line(b, 1)
+
+            # Forwarded already (as another llmswap marks it): served here, never forwarded again.
+            assert await chat(a, **{"X-Llmswap-Forwarded": "1"}) == 200
+            line = await nth_line(a, 2)
+            assert "model=m" in line and "placed=" not in line
+            assert list(a.upstreams()) == ["m"]
+
+            os.kill(b.pid, signal.SIGKILL)
+            await b.process.wait()
+            await a.wait_for_output("peer b: its events stream closed")
+            assert await chat(a) == 200
+            line = await nth_line(a, 3)
+            assert "model=m" in line and "b/m" not in line and "b down or stale" in line
+
