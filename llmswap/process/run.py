@@ -64,10 +64,13 @@ class Run:
         self.wake.clear()
 
     def fail(self, error: StartFailed) -> None:
-        """Resolve the start with `error` unless it is already resolved."""
+        """Resolve the start with `error` unless it is already resolved; a sleep or wake still asked of a
+        life that ends did not happen."""
         if not self.ready.done():
             self.ready.set_exception(error)
             self.ready.exception()  # retrieved: a start nobody waits for any more must not log a warning
+        if self.asked is not None and not self.asked[1].done():
+            self.asked[1].set_result(False)
 
 
 def describe_exit(exit_code: int | None) -> str:
