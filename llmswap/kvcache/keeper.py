@@ -50,13 +50,19 @@ class KvKeeper:
         self.config = config
         self.settings = config.kv_cache
         self.folder = SaveFolder(config.kv_dir)
-        self._fingerprint = ""
+        self.written_by = ""  # the fingerprint of this life's server (`disk.fingerprint`), once prepared
         self._restorable: list[int] = []
 
     def prepare(self) -> None:
-        """Before a spawn (raises OSError when the folder cannot be made)."""
-        self._fingerprint = fingerprint(self.config.cmd_text, self.config.cmd)
-        self._restorable = self.folder.prepare(self._fingerprint)
+        """Before a spawn (raises OSError when the folder cannot be made). The `${PORT}` the model was given
+        is not part of what wrote the saves: adding a model to the config shifts the ports after it."""
+        text, argv = self.config.cmd_text, self.config.cmd
+        if self.config.port is not None:
+            port = str(self.config.port)
+            text = text.replace(port, "${PORT}")
+            argv = tuple("${PORT}" if part == port else part for part in argv)
+        self.written_by = fingerprint(text, argv)
+        self._restorable = self.folder.prepare(self.written_by)
 
     async def restore(self) -> KvReport | None:
         """Restore every slot with a save, before the server gets its first request (None: none had one)."""
@@ -78,7 +84,7 @@ class KvKeeper:
                     report = await self._save_one(session, slot, report)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             report = _failed(report, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-        self.folder.finished(self._fingerprint)
+        self.folder.finished(self.written_by)
         hold_bound(self.settings.dir, self.settings.max_size)
         if not report.slots and not report.failed:
             return None

@@ -177,3 +177,20 @@ def test_clear_deletes_every_save_and_says_how_much(tmp_path: Path) -> None:
     write_save(chat, 1, 12)
     assert chat.clear() == 42
     assert chat.saves() == []
+
+
+def test_the_keepers_fingerprint_leaves_the_port_out(tmp_path: Path) -> None:
+    from llmswap.config.model import KvCacheSettings, ModelConfig
+    from llmswap.kvcache import KvKeeper
+
+    def keeper(port: int) -> KvKeeper:
+        cmd = ("llama-server", "--port", str(port), "--slot-save-path", str(tmp_path / "kv" / "m"))
+        config = ModelConfig(id="m", cmd=cmd, cmd_text=" ".join(cmd), port=port, kv_dir=tmp_path / "kv" / "m",
+                             kv_cache=KvCacheSettings(dir=tmp_path / "kv"))
+        made = KvKeeper(config)
+        made.prepare()
+        return made
+
+    first = keeper(5800)
+    SaveFolder(first.folder.path).finished(first.written_by)
+    assert keeper(5801).written_by == first.written_by  # another model added before it: same saves
