@@ -43,7 +43,8 @@ class PeerWatch:
 
     def __init__(self, clock: Any = time.monotonic) -> None:
         self.views: dict[str, HostView] = {}
-        self._heard: dict[str, float] = {}
+        self._heard: dict[str, float] = {}  # when its stream last said anything (a frame, a keep-alive)
+        self._connected: dict[str, bool] = {}  # its stream is open and has sent its snapshot
         self._tasks: dict[str, tuple[PeerConfig, asyncio.Task[None]]] = {}
         self._clock = clock
 
@@ -51,7 +52,7 @@ class PeerWatch:
         """Every followed peer's view, `fresh` set as of now."""
         now = self._clock()
         for name, view in self.views.items():
-            view.fresh = view.fresh and now - self._heard.get(name, 0.0) < STALE_AFTER
+            view.fresh = self._connected.get(name, False) and now - self._heard.get(name, 0.0) < STALE_AFTER
         return list(self.views.values())
 
     def reconcile(self, config: Config) -> None:
@@ -62,6 +63,7 @@ class PeerWatch:
                 task.cancel()
                 del self._tasks[name]
                 self.views.pop(name, None)
+                self._connected.pop(name, None)
         for name, peer in wanted.items():
             if name not in self._tasks:
                 self.views[name] = HostView(name, fresh=False)
@@ -90,11 +92,9 @@ class PeerWatch:
                         await self._read(peer.id, response)
                 except (aiohttp.ClientError, ConnectionError, TimeoutError, ValueError) as exc:
                     log.debug("peer %s: events stream: %s", peer.id, exc)
-                view = self.views.get(peer.id)
-                if view is not None and view.fresh:
+                if self._connected.pop(peer.id, False):
                     log.warning("peer %s: its events stream closed; not a candidate until it is back",
                                 peer.id)
-                    view.fresh = False
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
 
@@ -121,9 +121,9 @@ class PeerWatch:
                                               int(m.get("waiting") or 0))
                            for m in data.get("models", []) if isinstance(m, dict) and "id" in m}
             view.free_memory = _free_memory(data.get("router_extras"))
-            if not view.fresh:
+            if not self._connected.get(name):
                 log.info("peer %s: following its state (%d models)", name, len(view.models))
-            view.fresh = True
+            self._connected[name] = True
         elif kind == "modelStatus" and isinstance(data, list):
             for status in data:
                 model = status.get("id") if isinstance(status, dict) else None
