@@ -65,3 +65,29 @@ async def test_a_model_ready_on_the_peer_is_served_there_until_the_peer_goes(tmp
             line = await nth_line(a, 3)
             assert "model=m" in line and "b/m" not in line and "b down or stale" in line
 
+
+
+async def test_a_peer_that_dies_mid_stream_is_skipped_for_the_next_request(tmp_path: Path) -> None:
+    preload = {"on_startup": {"preload": ["m"]}}
+    b_config = write_config(tmp_path / "b.yaml", {"m": demo_model("m", "--tokens-per-second", "5")},
+                            hooks=preload)
+    async with running_llmswap(b_config) as b:
+        await b.wait_for_output("preload: m ready")
+        a_config = write_config(tmp_path / "a.yaml", {"m": demo_model("m")},
+                                peers={"b": {"proxy": b.url, "discover": True}})
+        async with running_llmswap(a_config) as a:
+            await a.wait_for_output("peer b: following its state")
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100,
+                    "stream": True}
+            async with aiohttp.ClientSession() as http, http.post(f"{a.url}/v1/chat/completions",
+                                                                   json=body) as stream:
+                assert stream.status == 200
+                await stream.content.readline()
+                os.kill(b.pid, signal.SIGKILL)  # the peer dies while it answers
+                rest = (await stream.read()).decode()
+            assert "error" in rest  # the client is told, in its stream
+            await b.process.wait()
+            await a.wait_for_output("peer b: its events stream closed")
+            assert await chat(a) == 200
+            line = await nth_line(a, 2)
+            assert "model=m" in line and "b/m" not in line
