@@ -50,6 +50,8 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     flag(ps, "all", action="store_true", help="every configured model, running or not")
     ps.add_argument("-a", action="store_true", dest="all", help=argparse.SUPPRESS)
     flag(ps, "json", action="store_true", help="print JSON instead of a table")
+    flag(ps, "all-hosts", action="store_true", dest="all_hosts",
+         help="this host and every discover: true peer, as the server sees them (/api/hosts)")
     load = command("load", "start a model without sending it a request; wait until it is ready")
     load.add_argument("model", metavar="MODEL", help="a model id or alias")
     unload = command("unload", "stop a model (every model when none is named)")
@@ -59,7 +61,9 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
 def run(args: argparse.Namespace) -> int:
     try:
         client = Client(args.url, os.environ.get(API_KEY_ENV, "").strip())
-        if args.command == "ps":
+        if args.command == "ps" and args.all_hosts:
+            print(ps_hosts(client, as_json=args.json), end="")
+        elif args.command == "ps":
             print(ps(client, show_all=args.all, as_json=args.json), end="")
         elif args.command == "load":
             print(load(client, args.model))
@@ -217,6 +221,25 @@ def table(found: Sequence[Row]) -> str:
         "   ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() + "\n"
         for line in lines
     )
+
+
+def ps_hosts(client: Client, *, as_json: bool) -> str:
+    """Every host's models: this one's and its discover peers' (`GET /api/hosts`)."""
+    try:
+        found = json.loads(client.call("GET", "/api/hosts"))["hosts"]
+    except (ValueError, KeyError, TypeError):
+        raise AdminError(f"{client.url}/api/hosts is not an llmswap's host list") from None
+    if as_json:
+        return json.dumps(found, indent=2) + "\n"
+    lines = [("HOST", "STATE", "MODEL", "MODEL STATE", "IN FLIGHT", "QUEUED")]
+    for host in found:
+        live = "live" if host["fresh"] else "down or stale"
+        for model in host["models"] or [{"id": "-", "state": "-", "in_flight": 0, "waiting": 0}]:
+            lines.append((host["name"], live, model["id"], model["state"], str(model["in_flight"]),
+                          str(model["waiting"])))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return "".join("   ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() + "\n"
+                   for line in lines)
 
 
 def ps(client: Client, *, show_all: bool, as_json: bool) -> str:

@@ -9,13 +9,14 @@ made that way).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 from pathlib import Path
 
 import aiohttp
 
-from llmswap.config.model import ApiKey
+from llmswap.config.model import ApiKey, PeerConfig
 from tests.e2e import test_ui_chromium as ui
 from tests.e2e.test_ui_chromium import HEIGHT, KEY, WIDTH, WITHIN, DevTools, chromium
 from tests.helpers.models import demo_config, exclusive_config
@@ -76,9 +77,9 @@ async def test_every_view_draws_what_the_api_holds(tmp_path: Path) -> None:
                             what="beta's one row")
         await choose(page, "act-model", "")
         await choose(page, "act-status", "client")
-        await page.wait_for("document.querySelectorAll('#activity tr[data-activity]').length === 1",
+        await page.wait_for(n("#activity tr[data-activity]") + " === 1 && "
+                            + n("#activity tr[data-status='400']") + " === 1",
                             what="the refused request alone")
-        assert await count(page, "#activity tr[data-status='400']") == 1
         assert await page.evaluate("document.querySelector('#act-stats b').textContent") == "1"
         await choose(page, "act-status", "")
 
@@ -86,9 +87,9 @@ async def test_every_view_draws_what_the_api_holds(tmp_path: Path) -> None:
         await page.wait_for(n("#log-source option[value='alpha']") + " === 1",
                             what="alpha among the log sources")
         await choose(page, "log-source", "alpha")
-        await page.wait_for("document.getElementById('log').textContent.includes('request POST /v1/chat')",
-                            what="alpha's request lines in its own log")
-        assert "as model beta" not in await page.evaluate("document.getElementById('log').textContent")
+        log_text = "document.getElementById('log').textContent"
+        await page.wait_for(f"{log_text}.includes('as model alpha') && {log_text}.includes('request POST') "
+                            f"&& !{log_text}.includes('as model beta')", what="alpha's own log, alone")
         await page.evaluate("(() => { const f = document.getElementById('log-filter'); "
                             "f.value = 'listening'; f.dispatchEvent(new Event('input')); })()")
         shown = await page.evaluate("[...document.querySelectorAll('#log span')].map(s => s.textContent)")
@@ -131,3 +132,24 @@ async def test_every_view_draws_what_the_api_holds(tmp_path: Path) -> None:
         (tmp_path / "performance.png").write_bytes(shot)
         if keep := os.environ.get("LLMSWAP_UI_VIEWS_SCREENSHOT"):
             Path(keep).write_bytes(shot)  # noqa: ASYNC240
+
+
+async def test_the_hosts_view_lists_this_host_and_its_discovered_peer(tmp_path: Path) -> None:
+    from tests.helpers.cli import demo_model, running_llmswap, write_config
+
+    preload = {"on_startup": {"preload": ["m"]}}
+    async with running_llmswap(write_config(tmp_path / "b.yaml", {"m": demo_model("m")}, hooks=preload)) as b:
+        await b.wait_for_output("preload: m ready")
+        config = dataclasses.replace(exclusive_config(demo_config("m")),
+                                     peers={"b": PeerConfig(id="b", proxy=b.url, models=(), discover=True)})
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=WITHIN)
+        async with aiohttp.ClientSession(timeout=timeout) as http, serving(config) as served, \
+                chromium(tmp_path, http) as page:
+            await page.call("Page.enable")
+            await page.navigate(served.at("/ui"))
+            await page.wait_for(n("#hosts tr[data-host='b'][data-fresh='true']") + " === 1",
+                                what="the peer b, live, in the hosts view")
+            assert not await page.evaluate("document.getElementById('hosts-section').hidden")
+            cells = await page.evaluate("[...document.querySelectorAll('#hosts tr[data-host=\"b\"] td')]"
+                                        ".map(td => td.textContent)")
+            assert cells[0].startswith("b") and cells[1] == "live" and cells[2] == "m"

@@ -149,6 +149,30 @@ def _free_memory(extras: Any) -> int | None:
                if isinstance(d, dict))
 
 
+def this_host(app: web.Application, *also: str) -> HostView:
+    """This host's view: its running models (and `also`, whatever their state), with their counts."""
+    router = app[STATE].router
+    counts = router.snapshot()
+    states = {m: state.value for m, state in router.running_models().items()}
+    for model in also:
+        states.setdefault(model, (router.model_state(model) or ProcessState.STOPPED).value)
+    return local_view(states, counts.in_flight, counts.waiting, _free_memory(router.router_extras()))
+
+
+async def hosts(request: web.Request) -> web.Response:
+    """`GET /api/hosts`: this host and every discover peer, as placement sees them."""
+    config = request.app[STATE].config
+    here = this_host(request.app, *config.models)
+    views = [here, *request.app[PEER_WATCH].fresh_views()]
+    return web.json_response({"hosts": [{
+        "name": view.name or "this host",
+        "url": config.peers[view.name].proxy if view.name in config.peers else None,
+        "fresh": view.fresh, "free_memory": view.free_memory,
+        "models": [{"id": m, "state": v.state, "in_flight": v.in_flight, "waiting": v.waiting}
+                   for m, v in sorted(view.models.items())],
+    } for view in views]})
+
+
 PEER_WATCH: web.AppKey[PeerWatch] = web.AppKey("llmswap_peer_watch", PeerWatch)
 
 
@@ -162,6 +186,7 @@ def setup(app: web.Application) -> None:
         with contextlib.suppress(Exception):
             await app[PEER_WATCH].close()
 
+    app.router.add_get("/api/hosts", hosts)
     app.on_startup.append(start)
     app.on_cleanup.append(stop)
 
@@ -175,12 +200,7 @@ def placement_for(request: web.Request, model: str) -> Placement | None:
     peers = [view for view in watch.fresh_views() if model in view.models or not view.fresh]
     if not peers:
         return None
-    router = request.app[STATE].router
-    counts = router.snapshot()
-    states = {m: state.value for m, state in router.running_models().items()}
-    states.setdefault(model, (router.model_state(model) or ProcessState.STOPPED).value)
-    here = local_view(states, counts.in_flight, counts.waiting, _free_memory(router.router_extras()))
-    placed = place(model, here, peers)
+    placed = place(model, this_host(request.app, model), peers)
     request.app[FEED].publish(Event("placement", {"model": model, "host": placed.host or "local",
                                                   "reason": placed.reason}))
     return placed

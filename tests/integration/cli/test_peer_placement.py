@@ -5,9 +5,12 @@ stays on `a` once `b` is gone or when it was forwarded already.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -28,6 +31,20 @@ def access_lines(server: LlmswapProcess) -> list[str]:
     return [line for line in output if '"POST /v1/chat/completions"' in line]
 
 
+async def get_hosts(server: LlmswapProcess) -> list[dict[str, Any]]:
+    async with aiohttp.ClientSession() as http, http.get(f"{server.url}/api/hosts") as response:
+        assert response.status == 200
+        return list((await response.json())["hosts"])
+
+
+async def cli(*args: str) -> str:
+    process = await asyncio.create_subprocess_exec(sys.executable, "-m", "llmswap", *args,
+                                                   stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 0, out
+    return out.decode()
+
+
 async def nth_line(server: LlmswapProcess, count: int) -> str:
     """The `count`th access line of a chat (written just after the answer: wait for it)."""
     async def written() -> bool:
@@ -46,6 +63,12 @@ async def test_a_model_ready_on_the_peer_is_served_there_until_the_peer_goes(tmp
                                 peers={"b": {"proxy": b.url, "discover": True}})
         async with running_llmswap(a_config) as a:
             await a.wait_for_output("peer b: following its state")
+            hosts = await get_hosts(a)
+            assert [(h["name"], h["fresh"], h["url"]) for h in hosts] == [("this host", True, None),
+                                                                           ("b", True, b.url)]
+            assert {m["id"]: m["state"] for m in hosts[1]["models"]} == {"m": "ready"}
+            listed = await cli("ps", "--all-hosts", "--url", a.url)
+            assert ["b", "live", "m", "ready", "0", "0"] in [line.split() for line in listed.splitlines()]
             assert await chat(a) == 200
             line = await nth_line(a, 1)
             assert "model=b/m" in line and 'placed="ready with room on b"' in line
@@ -61,6 +84,8 @@ async def test_a_model_ready_on_the_peer_is_served_there_until_the_peer_goes(tmp
             os.kill(b.pid, signal.SIGKILL)
             await b.process.wait()
             await a.wait_for_output("peer b: its events stream closed")
+            hosts = await get_hosts(a)
+            assert [(h["name"], h["fresh"]) for h in hosts] == [("this host", True), ("b", False)]
             assert await chat(a) == 200
             line = await nth_line(a, 3)
             assert "model=m" in line and "b/m" not in line and "b down or stale" in line

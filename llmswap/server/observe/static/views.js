@@ -282,8 +282,32 @@ async function loadHardware() {
   }
 }
 
+// ---------------------------------------------------------------- hosts (discover: true peers)
+async function loadHosts() {
+  try {
+    const response = await api("/api/hosts");
+    if (!response.ok) return;
+    const hosts = (await response.json()).hosts;
+    document.getElementById("hosts-section").hidden = hosts.length < 2;
+    document.getElementById("hosts-count").textContent = String(hosts.length);
+    document.getElementById("hosts").replaceChildren(...hosts.map((host) => {
+      const loaded = host.models.filter((m) => m.state === "ready").map((m) => m.id).join(", ") || "–";
+      const flight = host.models.reduce((n, m) => n + m.in_flight, 0);
+      return el("tr", { dataset: { host: host.name, fresh: String(host.fresh) } },
+        el("td", { class: "model-id" }, host.name, host.url ? el("div", { class: "sub" }, host.url) : null),
+        el("td", {}, el("span", { class: "pill " + (host.fresh ? "o-ok" : "o-failed") }, host.fresh ? "live" : "down or stale")),
+        el("td", {}, loaded), el("td", { class: "num" }, String(flight)),
+        el("td", { class: "num" }, host.free_memory == null ? "–" : `${(host.free_memory / 2 ** 30).toFixed(1)} GiB`));
+    }));
+  } catch (err) {
+    console.warn("hosts", err);
+  }
+}
+
 setupActivityFilters();
 setupLogs();
 loadHardware();
+loadHosts();
+setInterval(loadHosts, 5000);
 loadCharts();
 setInterval(loadCharts, 10000);
