@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmswap.config.capabilities_section import read_capabilities
 from llmswap.config.commands import split_command, strip_comment_lines
 from llmswap.config.common import is_http_url, read_filters, read_timeouts
 from llmswap.config.errors import Problems
@@ -26,7 +27,6 @@ from llmswap.config.macros import (
 )
 from llmswap.config.model import (
     DEFAULT_CONCURRENCY_LIMIT,
-    Capabilities,
     KvCacheSettings,
     ModelConfig,
     Timeouts,
@@ -39,7 +39,6 @@ PORT_REFERENCE = "${PORT}"
 KV_DIR = "KV_DIR"
 MAX_PORT = 65535
 MIN_MODEL_HEALTH_CHECK_TIMEOUT = 1.0
-MODALITIES = ("text", "audio", "image")
 
 MODEL_KEYS = (
     "cmd",
@@ -72,7 +71,6 @@ MODEL_KEYS = (
     "sleep",
     "wake",
 )
-CAPABILITY_KEYS = ("in", "out", "tools", "reranker", "context")
 
 
 @dataclass(frozen=True)
@@ -267,7 +265,7 @@ def read_model(
                 fields.mapping("timeouts", "a mapping of timeouts in seconds"), Timeouts()
             ),
             ignore_websockets=_compat(fields),
-            capabilities=_capabilities(fields),
+            capabilities=read_capabilities(fields),
             port=port,
             vram=fields.size("vram", None),
             gpus=gpus,
@@ -381,26 +379,3 @@ def _compat(fields: Fields) -> bool:
     compat = fields.mapping("compat", "a mapping")
     compat.warn_unknown(("ignoreWebsockets",))
     return compat.flag("ignoreWebsockets", False)
-
-
-def _capabilities(fields: Fields) -> Capabilities | None:
-    caps = fields.mapping("capabilities", "a mapping (in, out, tools, reranker, context)")
-    modalities: dict[str, tuple[str, ...]] = {}
-    for key in ("in", "out"):
-        chosen: list[str] = []
-        for text, line, where in caps.texts(key, "a list of modalities"):
-            if text not in MODALITIES:
-                fields.problems.error(
-                    line, where, f"invalid modality {text!r}, must be one of: {', '.join(MODALITIES)}"
-                )
-                continue
-            chosen.append(text)
-        modalities[key] = tuple(chosen)
-    result = Capabilities(
-        input=modalities["in"],
-        output=modalities["out"],
-        tools=caps.flag("tools", False),
-        reranker=caps.flag("reranker", False),
-        context=caps.integer("context", 0, minimum=0),
-    )
-    return None if result == Capabilities() else result

@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmswap.config import Config, ConfigError, format_config, load_config_text
+from llmswap.config.capabilities_section import CAPABILITY_KEYS
 from llmswap.config.loader import IGNORED_TOP_LEVEL_KEYS, TOP_LEVEL_KEYS
-from llmswap.config.models_section import CAPABILITY_KEYS, MODEL_KEYS
+from llmswap.config.models_section import MODEL_KEYS
 
 REAL = (Path(__file__).parent / "data" / "llama-swap-real.yaml").read_text()
 ENV = {"MODELS_DIR": "/models", "LLAMA_SWAP_KEY": "sk-k", "OPENROUTER_API_KEY": "sk-o", "X": "x y"}
