@@ -124,6 +124,7 @@ class Recording:
         "_parts",
         "_queue_ms",
         "_raw_response_headers",
+        "_read",
         "_request_body",
         "_restore_ms",
         "_size",
@@ -162,6 +163,7 @@ class Recording:
         self._finished = False
         self._failure = ""
         self._left = False
+        self._read: Reported | None = None  # the answer as read for tokens: once, for the log and the row
 
     @property
     def wants_request_body(self) -> bool:
@@ -257,14 +259,20 @@ class Recording:
     def cached_tokens(self) -> int | None:
         """Prompt tokens the upstream's answer says came from its cache (None: not said, or not a 2xx): a
         stream's ends are scanned, a whole answer read. For the access log, before the row is settled."""
-        if not 200 <= (self._status or 0) < 300:
+        if not 200 <= (self._status or 0) < 300 or self._decode_error:
             return None
         if self._stream is not None:
-            return cached_of(self._stream.reported())
+            return cached_of(self._answer(None))
         if self._body_overflow or not self._parts:
             return None
-        whole = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
-        return cached_of(read_json_answer(whole, self.facts.req_path))
+        return cached_of(self._answer(self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)))
+
+    def _answer(self, whole: bytes | None) -> Reported:
+        """What the answer reported (its stream's ends, else `whole`), read once."""
+        if self._read is None:
+            self._read = self._stream.reported() if self._stream is not None else \
+                read_json_answer(whole or b"", self.facts.req_path)
+        return self._read
 
     @property
     def held(self) -> int:
@@ -281,7 +289,7 @@ class Recording:
         self._end_status = status if status is not None else (self._status or 0)
         self._error = error
         if body is not None:
-            self._parts, self._body_overflow, self._stream = [body], False, None
+            self._parts, self._body_overflow, self._stream, self._read = [body], False, None, None
             self._content_type = content_type or self._content_type
         return True
 
@@ -301,11 +309,11 @@ class Recording:
             tokens, duration = NO_TOKENS, wall_ms
             message = message or self._decode_error
         elif self._stream is not None:
-            tokens, duration = token_stats(self._stream.reported(), wall_ms)
+            tokens, duration = token_stats(self._answer(None), wall_ms)
             if self._left and tokens.output_tokens <= 0:
                 tokens = tokens._replace(output_tokens=self._stream.events)  # cut before its usage event
         elif whole:
-            tokens, duration = token_stats(read_json_answer(whole, self.facts.req_path), wall_ms)
+            tokens, duration = token_stats(self._answer(whole), wall_ms)
         else:
             tokens, duration = NO_TOKENS, wall_ms
         facts = self.facts
