@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import random
 import shutil
 import statistics
 import subprocess
@@ -82,10 +81,9 @@ class Side:
 
 
 def words(count: int, seed: int) -> str:
-    from tests.helpers.gguf_model import WORDS
+    from tests.helpers.gguf_model import words as picked  # the generator needs numpy and gguf (test extra)
 
-    picker = random.Random(seed)
-    return " ".join(picker.choice(WORDS) for _ in range(count))
+    return picked(count, seed)
 
 
 async def ask(http: aiohttp.ClientSession, url: str, model: str, messages: list[dict[str, str]]

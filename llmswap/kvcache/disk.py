@@ -121,14 +121,14 @@ class SaveFolder:
         """The server was saved and is stopping: its saves are vouched for again."""
         self._update(clean=True, fingerprint=current)
 
-    def clear(self) -> int:
-        """Delete every save; returns the bytes freed."""
-        freed = 0
-        for save in self.saves():
-            freed += save.bytes
+    def clear(self) -> list[Save]:
+        """Delete every save but one a restore is reading this moment (it goes at the next clear); returns
+        what was deleted."""
+        deleted = [save for save in self.saves() if save.path not in RESTORING]
+        for save in deleted:
             save.path.unlink(missing_ok=True)
         self._update(slots={})
-        return freed
+        return deleted
 
     def saves(self) -> list[Save]:
         slots = self._read().get("slots", {})

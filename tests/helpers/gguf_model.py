@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -190,3 +191,9 @@ def tiny_llama(spec: TinyLlama, folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         write_tiny_llama(spec, path)
     return path
+
+
+def words(count: int, seed: int) -> str:
+    """`count` words of the vocabulary, picked by `seed`: a prompt of about `count` tokens."""
+    picker = random.Random(seed)
+    return " ".join(picker.choice(WORDS) for _ in range(count))

@@ -18,7 +18,6 @@ from aiohttp import web
 
 from llmswap.config.model import ModelConfig
 from llmswap.kvcache import Save, SaveFolder
-from llmswap.kvcache.disk import RESTORING
 from llmswap.server.http.errors import error_response
 from llmswap.server.inference.resolve import unknown_model_message
 from llmswap.server.state import state
@@ -50,15 +49,9 @@ async def clear_saves(request: web.Request) -> web.Response:
     if model_id is None:
         return error_response(request, 404, unknown_model_message(config, name), code="model_not_found")
     model = config.models[model_id]
-    deleted = freed = 0
-    if model.kv_dir is not None and model.kv_dir.is_dir():
-        for save in SaveFolder(model.kv_dir).saves():
-            if save.path in RESTORING:  # a start is reading it this moment: it goes at the next clear
-                continue
-            save.path.unlink(missing_ok=True)
-            deleted += 1
-            freed += save.bytes
-    return web.json_response({"model": model_id, "deleted": deleted, "bytes": freed})
+    deleted = SaveFolder(model.kv_dir).clear() if model.kv_dir is not None and model.kv_dir.is_dir() else []
+    return web.json_response({"model": model_id, "deleted": len(deleted),
+                              "bytes": sum(save.bytes for save in deleted)})
 
 
 def _model_record(model: ModelConfig, now: float) -> dict[str, Any]:

@@ -11,7 +11,6 @@ same prompt and cache give the same text.
 from __future__ import annotations
 
 import os
-import random
 import signal
 import time
 from pathlib import Path
@@ -24,16 +23,11 @@ import yaml
 from tests.e2e.llamaserver.conftest import START_WITHIN, llamaserver_entry
 from tests.helpers.cli import LlmswapProcess, running_llmswap, stop_with, write_config
 from tests.helpers.demo import free_port_run
-from tests.helpers.gguf_model import WORDS, TinyLlama, write_tiny_llama
+from tests.helpers.gguf_model import TinyLlama, words, write_tiny_llama
 
 pytestmark = [pytest.mark.llamaserver, pytest.mark.timeout(300)]
 
 PROMPT_WORDS = 1800
-
-
-def words(count: int, seed: int) -> str:
-    picker = random.Random(seed)
-    return " ".join(picker.choice(WORDS) for _ in range(count))
 
 
 def opening(seed: int = 1) -> list[dict[str, str]]:
