@@ -21,6 +21,7 @@ from aiohttp import web
 
 from llmswap.config.model import Config, PeerConfig
 from llmswap.process.state import ProcessState
+from llmswap.server.inference.peers import peer_headers
 from llmswap.server.inference.placement import (
     FORWARDED_HEADER,
     HostView,
@@ -79,7 +80,7 @@ class PeerWatch:
 
     async def _follow(self, peer: PeerConfig) -> None:
         backoff = 0.5
-        headers = {"Authorization": f"Bearer {peer.api_key}"} if peer.api_key else {}
+        headers, _ = peer_headers(peer, {}, llmswap_has_keys=False)  # as every request to the peer goes
         url = peer.proxy.rstrip("/") + "/api/events"
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=STALE_AFTER)
         async with aiohttp.ClientSession(timeout=timeout) as http:
