@@ -18,7 +18,6 @@ from llmswap.cli.args import add_config_arguments, flag
 from llmswap.config import ConfigError, ConfigSources
 from llmswap.config.model import TasksConfig
 from llmswap.tasks.queue.db import TaskStatus, cancel_task, get_task, init_db, insert_task, list_tasks
-from llmswap.tasks.queue.service import row_json
 
 
 def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -108,7 +107,7 @@ def _show(tasks: TasksConfig, args: argparse.Namespace) -> int:
     if row is None:
         print(f"no task {args.id}", file=sys.stderr)
         return 1
-    _print(row_json(row))
+    _print(row.as_json())
     return 0
 
 

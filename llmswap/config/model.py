@@ -295,13 +295,16 @@ class KvCacheSettings:
 
 @dataclass(frozen=True)
 class TasksConfig:
-    """`tasks:`: the durable task queue (Peregrine adapter)."""
+    """`tasks:`: the durable task queue (Peregrine adapter). `db` is a SQLite file, or a PostgreSQL URL
+    (a str) that several hosts share; `host` names this one there (None: hostname:port)."""
 
-    db: Path
+    db: Path | str
     max_queue_depth: int = 500
     types: Mapping[str, TaskTypeConfig] = _no_entries()
     priority: int = -10  # tasks run below interactive requests by default
     max_preemptions: int = 3  # a task preempted more often than this is failed (tasks/preemption.py)
+    host: str | None = None
+    lease_seconds: float = 30.0  # a running task's claim lapses when its host stops renewing it this long
 
 
 @dataclass(frozen=True)

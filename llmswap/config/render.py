@@ -217,7 +217,9 @@ def _tasks(tasks: TasksConfig | None) -> dict[str, Any] | None:
     if tasks is None:
         return None
     return {
-        "db": str(tasks.db),
+        "db": mask_secrets(str(tasks.db)),
+        "host": tasks.host,
+        "leaseSeconds": _number(tasks.lease_seconds),
         "maxQueueDepth": tasks.max_queue_depth,
         "priority": tasks.priority,
         "maxPreemptions": tasks.max_preemptions,

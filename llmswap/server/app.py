@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 
 from aiohttp import web
 
@@ -78,7 +79,8 @@ async def _start_tasks(app: web.Application) -> None:
                 service.reconfigure(router.config)
             elif router.config.tasks is not None:
                 # Tasks read the router through the state on every run: a config reload swaps it.
-                service = TaskService(router.config, lambda: server_state.router, parts.dispatcher, loop)
+                service = TaskService(router.config, lambda: server_state.router, parts.dispatcher, loop,
+                                      host=f"{socket.gethostname()}:{server_state.listen_port}")
                 service.start()
                 parts.tasks.service = service
         except Exception:

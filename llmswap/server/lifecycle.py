@@ -114,7 +114,8 @@ class Server:
         except ValueError as err:
             raise UnusableConfig(f"{config.path or 'the config'}: {err}") from None
         self.state = ServerState(config=config, router=router, proxy_log=self.proxy_log,
-                                 loopback_listener=is_loopback_listener(options.host))
+                                 loopback_listener=is_loopback_listener(options.host),
+                                 listen_port=options.port)
         self.runner: Runner | None = None
         self.services: Services | None = None  # built at start, inside the running loop
         self.url = ""

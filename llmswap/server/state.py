@@ -27,6 +27,8 @@ class ServerState:
     # Whether the listener opens loopback addresses only: then a non-loopback Host is refused
     # (llmswap.server.http.guard). The lifecycle sets it from --listen.
     loopback_listener: bool = True
+    # The port --listen opens (0: not known, a test's app): the default `tasks.host` is hostname:port.
+    listen_port: int = 0
     # Called with every router put in place after the first (a config reload): see `install`.
     router_listeners: list[Callable[[BaseRouter], None]] = field(default_factory=list, repr=False)
 

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from llmswap.server.http.errors import error_response
 from llmswap.tasks.queue.db import TaskStatus, get_task, list_tasks
-from llmswap.tasks.queue.service import TaskService, UnknownTaskType, row_json
+from llmswap.tasks.queue.service import TaskService, UnknownTaskType
 
 MAX_LIST = 1000
 MAX_TASK_ID = 2**63 - 1  # SQLite's largest integer
@@ -94,7 +94,7 @@ async def show(request: web.Request) -> web.Response:
     row = await asyncio.to_thread(get_task, service.db, task_id) if task_id <= MAX_TASK_ID else None
     if row is None:
         return error_response(request, 404, f"no task {request.match_info['task_id']}")
-    return web.json_response(row_json(row))
+    return web.json_response(row.as_json())
 
 
 async def listing(request: web.Request) -> web.Response:
@@ -113,7 +113,7 @@ async def listing(request: web.Request) -> web.Response:
         return error_response(request, 400, f"limit must be between 1 and {MAX_LIST}, got {limit}")
     task_type = request.query.get("type") or None
     rows = await asyncio.to_thread(list_tasks, service.db, status=status, task_type=task_type, limit=limit)
-    return web.json_response({"tasks": [row_json(row) for row in rows]})
+    return web.json_response({"tasks": [row.as_json() for row in rows]})
 
 
 async def cancel(request: web.Request) -> web.Response:
@@ -125,7 +125,7 @@ async def cancel(request: web.Request) -> web.Response:
         return error_response(request, 404, f"no task {task_id}")
     if await service.cancel(task_id):
         row = await asyncio.to_thread(get_task, service.db, task_id)
-        return web.json_response(row_json(row) if row is not None else {"id": task_id})
+        return web.json_response(row.as_json() if row is not None else {"id": task_id})
     row = await asyncio.to_thread(get_task, service.db, task_id)
     if row is None:
         return error_response(request, 404, f"no task {task_id}")

@@ -36,7 +36,9 @@ class Event:
 
     def encode(self) -> bytes:
         envelope = _json({"type": self.type, "data": _json(self.data)})
-        return f"event:message\ndata:{envelope}\n\n".encode()
+        # "replace": text that came from undecodable request bytes (a header aiohttp decoded with
+        # surrogateescape, echoed in a log line) must not end the stream.
+        return f"event:message\ndata:{envelope}\n\n".encode("utf-8", "replace")
 
 
 class Mark(enum.Enum):

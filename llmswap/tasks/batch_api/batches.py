@@ -20,7 +20,6 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from llmswap.config.model import Config, TasksConfig
@@ -45,6 +44,7 @@ from llmswap.tasks.queue.db import (
     insert_tasks,
     job_tasks,
 )
+from llmswap.tasks.queue.sql import TaskDb
 from llmswap.upstream import Dispatcher
 from llmswap.upstream.dispatcher import Lease
 
@@ -79,10 +79,11 @@ class BatchView:
 class BatchHost(Protocol):
     """What the Batch API needs of the task service it runs on (`llmswap.tasks.queue.service.TaskService`)."""
 
-    db: Path
+    db: TaskDb
     tasks: TasksConfig
     dispatcher: Dispatcher
 
+    def model_id(self, config: Config, name: str) -> str | None: ...
     def add_batch_types(self, types: Mapping[str, str]) -> None: ...
     def enqueue_threadsafe(self, task_id: int, task_type: str, job_id: int) -> None: ...
     def discard_threadsafe(self, task_id: int) -> None: ...
@@ -144,7 +145,7 @@ class Batches:
         return self.view(batch)
 
     def _queue(self, config: Config, batch: store.StoredBatch, endpoint: str, lines: list[BatchLine]) -> None:
-        resolved = {line.model: config.real_model_name(line.model) for line in lines}
+        resolved = {line.model: self.service.model_id(config, line.model) for line in lines}
         known = {model for model in resolved.values() if model is not None}
         types = {f"{store.BATCH_TYPE_PREFIX}{model}": model for model in known}
         # The types first: the lanes then accept the rows, and a restart meanwhile loads them back.
@@ -221,9 +222,14 @@ class Batches:
         error = store.add_file(self.db, f"{batch.id}_error.jsonl", "batch_output", jsonl(errors),
                                batch.owner) if errors else None
         final = "cancelled" if batch.status == "cancelling" else "expired" if expired else "completed"
-        store.set_batch_status(self.db, batch.id, final, expect=(batch.status,),
-                               output_file_id=output.id if output else None,
-                               error_file_id=error.id if error else None)
+        if not store.set_batch_status(self.db, batch.id, final, expect=(batch.status,),
+                                      output_file_id=output.id if output else None,
+                                      error_file_id=error.id if error else None):
+            # Another host sharing the queue finished it first: its files stand, these go.
+            for written in (output, error):
+                if written is not None:
+                    store.delete_file(self.db, written.id)
+            return
         log.info("batch %s %s: %d answered, %d failed", batch.id, final, len(outputs), len(errors))
 
     # ------------------------------------------------------------------ running one request (event loop)

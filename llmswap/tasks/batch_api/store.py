@@ -1,67 +1,30 @@
-"""The durable half of the OpenAI Batch API: uploaded files and batches, in the task queue's SQLite file.
+"""The durable half of the OpenAI Batch API: uploaded files and batches, in the task queue's database.
 
 A batch's requests are ordinary `background_tasks` rows (see `batches.py`): task type `batch:<model>`,
-`job_id` the batch's row id. This module owns the two tables beside them — `batch_files` (uploads and the
-output/error files llmswap writes, content kept as a BLOB) and `batches` (one row per batch: the OpenAI
-object's fields) — and the query that counts a batch's rows by outcome. Like `db.py`, every call opens its
-own short-lived connection, so worker threads, the poll loop and HTTP handlers may all call it.
+`job_id` the batch's row id. This module owns the statements on the two tables beside them (`schema.py` makes
+them) — `batch_files` (uploads and the output/error files llmswap writes, content kept as a BLOB) and
+`batches` (one row per batch: the OpenAI object's fields) — and the query that counts a batch's rows by
+outcome. Like `db.py`, every call opens its own short-lived connection, so worker threads, the poll loop and
+HTTP handlers may all call it.
 
 Ownership: with `apiKeys`, a file or batch belongs to the key that created it (`owner`, the key's name) and
-the lookups given an owner see only that owner's rows plus unowned ones (made without keys, or before
-rows had owners): another key's rows look as if they did not exist. `owner=None` means no scoping.
+the lookups given an owner see only that owner's rows plus unowned ones (made without keys, or before rows had
+owners): another key's rows look as if they did not exist. `owner=None` means no scoping.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-import sqlite3
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from llmswap.tasks.queue.db import connect
+from llmswap.tasks.queue.db import connect, init_db
+from llmswap.tasks.queue.sql import TaskDb, is_postgres
 
 BATCH_TYPE_PREFIX = "batch:"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS batch_files (
-    id          TEXT    PRIMARY KEY,
-    filename    TEXT    NOT NULL,
-    purpose     TEXT    NOT NULL,
-    bytes       INTEGER NOT NULL,
-    created_at  INTEGER NOT NULL,
-    content     BLOB    NOT NULL,
-    owner       TEXT
-);
-CREATE TABLE IF NOT EXISTS batches (
-    seq               INTEGER PRIMARY KEY AUTOINCREMENT,
-    id                TEXT    NOT NULL UNIQUE,
-    endpoint          TEXT    NOT NULL,
-    input_file_id     TEXT    NOT NULL,
-    completion_window TEXT    NOT NULL,
-    status            TEXT    NOT NULL,
-    created_at        INTEGER NOT NULL,
-    expires_at        INTEGER,
-    in_progress_at    INTEGER,
-    finalizing_at     INTEGER,
-    completed_at      INTEGER,
-    failed_at         INTEGER,
-    expired_at        INTEGER,
-    cancelling_at     INTEGER,
-    cancelled_at      INTEGER,
-    output_file_id    TEXT,
-    error_file_id     TEXT,
-    errors            TEXT,
-    metadata          TEXT,
-    total             INTEGER NOT NULL DEFAULT 0,
-    owner             TEXT
-);
--- A batch's requests are found by job id on every poll: without an index that is a scan of every task.
-CREATE INDEX IF NOT EXISTS idx_background_tasks_job ON background_tasks (job_id, task_type);
-"""
 
 # Statuses after which a batch never changes again.
 FINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
@@ -69,23 +32,9 @@ _TIMESTAMPS = ("expires_at", "in_progress_at", "finalizing_at", "completed_at", 
                "cancelling_at", "cancelled_at")
 
 
-def init_batch_tables(db_path: Path | str) -> None:
-    with connect(db_path) as conn:
-        conn.executescript(_SCHEMA)
-        _add_owner_columns(conn)
-
-
-def _add_owner_columns(conn: sqlite3.Connection) -> None:
-    """Migrate a database made before files and batches had owners: its rows stay, unowned."""
-    for table in ("batch_files", "batches"):
-        columns = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-        if "owner" in columns:
-            continue
-        try:
-            conn.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT")
-        except sqlite3.OperationalError as exc:
-            if "duplicate column" not in str(exc):  # another process migrated it first
-                raise
+def init_batch_tables(db_path: TaskDb) -> None:
+    """Make the files and batches tables: they come with the queue's (`schema.init_db`)."""
+    init_db(db_path)
 
 
 def _scope(owner: str | None) -> tuple[str, tuple[str, ...]]:
@@ -124,7 +73,7 @@ _FILE_COLUMNS = "id, filename, purpose, bytes, created_at, owner"
 
 
 def add_file(
-    db_path: Path | str, filename: str, purpose: str, content: bytes, owner: str | None = None
+    db_path: TaskDb, filename: str, purpose: str, content: bytes, owner: str | None = None
 ) -> StoredFile:
     stored = StoredFile(new_id("file-"), filename, purpose, len(content), now_seconds(), owner)
     with connect(db_path) as conn:
@@ -136,7 +85,7 @@ def add_file(
     return stored
 
 
-def get_file(db_path: Path | str, file_id: str, owner: str | None = None) -> StoredFile | None:
+def get_file(db_path: TaskDb, file_id: str, owner: str | None = None) -> StoredFile | None:
     scope, args = _scope(owner)
     with connect(db_path) as conn:
         record = conn.execute(
@@ -145,7 +94,7 @@ def get_file(db_path: Path | str, file_id: str, owner: str | None = None) -> Sto
     return None if record is None else StoredFile(*record)
 
 
-def file_content(db_path: Path | str, file_id: str, owner: str | None = None) -> bytes | None:
+def file_content(db_path: TaskDb, file_id: str, owner: str | None = None) -> bytes | None:
     scope, args = _scope(owner)
     with connect(db_path) as conn:
         record = conn.execute(
@@ -155,9 +104,9 @@ def file_content(db_path: Path | str, file_id: str, owner: str | None = None) ->
 
 
 def list_files(
-    db_path: Path | str, purpose: str | None = None, limit: int = 100, owner: str | None = None
+    db_path: TaskDb, purpose: str | None = None, limit: int = 100, owner: str | None = None
 ) -> list[StoredFile]:
-    where, args = ("WHERE purpose = ?", (purpose,)) if purpose else ("WHERE 1", ())
+    where, args = ("WHERE purpose = ?", (purpose,)) if purpose else ("WHERE TRUE", ())
     scope, scope_args = _scope(owner)
     with connect(db_path) as conn:
         records = conn.execute(
@@ -168,7 +117,7 @@ def list_files(
     return [StoredFile(*r) for r in records]
 
 
-def delete_file(db_path: Path | str, file_id: str, owner: str | None = None) -> bool:
+def delete_file(db_path: TaskDb, file_id: str, owner: str | None = None) -> bool:
     scope, args = _scope(owner)
     with connect(db_path) as conn:
         cursor = conn.execute(f"DELETE FROM batch_files WHERE id = ?{scope}", (file_id, *args))
@@ -237,7 +186,7 @@ def _batch(record: tuple[Any, ...]) -> StoredBatch:
 
 
 def add_batch(
-    db_path: Path | str, *, endpoint: str, input_file_id: str, completion_window: str, expires_at: int,
+    db_path: TaskDb, *, endpoint: str, input_file_id: str, completion_window: str, expires_at: int,
     metadata: Any, total: int, status: str, errors: Any = None, owner: str | None = None,
 ) -> StoredBatch:
     created = now_seconds()
@@ -258,7 +207,7 @@ def _json_or_none(value: Any) -> str | None:
     return None if value is None else json.dumps(value)
 
 
-def get_batch(db_path: Path | str, batch_id: str, owner: str | None = None) -> StoredBatch | None:
+def get_batch(db_path: TaskDb, batch_id: str, owner: str | None = None) -> StoredBatch | None:
     scope, args = _scope(owner)
     with connect(db_path) as conn:
         record = conn.execute(
@@ -268,7 +217,7 @@ def get_batch(db_path: Path | str, batch_id: str, owner: str | None = None) -> S
 
 
 def list_batches(
-    db_path: Path | str, *, after: str | None = None, limit: int = 20, owner: str | None = None
+    db_path: TaskDb, *, after: str | None = None, limit: int = 20, owner: str | None = None
 ) -> list[StoredBatch]:
     """Newest first; `after` is the id of the last batch of the previous page."""
     scope, args = _scope(owner)
@@ -280,13 +229,13 @@ def list_batches(
             ).fetchall()
         else:
             records = conn.execute(
-                f"SELECT {_BATCH_COLUMNS} FROM batches WHERE 1{scope} ORDER BY seq DESC LIMIT ?",
+                f"SELECT {_BATCH_COLUMNS} FROM batches WHERE TRUE{scope} ORDER BY seq DESC LIMIT ?",
                 (*args, limit),
             ).fetchall()
     return [_batch(r) for r in records]
 
 
-def unfinished_batches(db_path: Path | str) -> list[StoredBatch]:
+def unfinished_batches(db_path: TaskDb) -> list[StoredBatch]:
     with connect(db_path) as conn:
         records = conn.execute(
             f"SELECT {_BATCH_COLUMNS} FROM batches"
@@ -296,7 +245,7 @@ def unfinished_batches(db_path: Path | str) -> list[StoredBatch]:
 
 
 def set_batch_status(
-    db_path: Path | str, batch_id: str, status: str, *, expect: tuple[str, ...],
+    db_path: TaskDb, batch_id: str, status: str, *, expect: tuple[str, ...],
     output_file_id: str | None = None, error_file_id: str | None = None,
 ) -> bool:
     """Move a batch to `status` (stamping `<status>_at`) only from one of `expect`; False otherwise."""
@@ -314,28 +263,30 @@ def set_batch_status(
     return cursor.rowcount == 1
 
 
-def request_counts(db_path: Path | str, seq: int, total: int) -> RequestCounts:
+def request_counts(db_path: TaskDb, seq: int, total: int) -> RequestCounts:
     """The batch's task rows by outcome: a completed row whose recorded status code is an error counts
     as failed, as OpenAI counts it."""
+    code = ("CAST(CAST(result AS jsonb) ->> 'status_code' AS INTEGER)" if is_postgres(db_path)
+            else "json_extract(result, '$.status_code')")
     with connect(db_path) as conn:
         completed, failed, pending = conn.execute(
             "SELECT"
-            " COALESCE(SUM(status = 'completed' AND json_extract(result, '$.status_code') < 400), 0),"
-            " COALESCE(SUM(status = 'failed' OR (status = 'completed'"
-            "   AND json_extract(result, '$.status_code') >= 400)), 0),"
-            " COALESCE(SUM(status IN ('queued', 'running')), 0)"
-            " FROM background_tasks WHERE job_id = ? AND substr(task_type, 1, ?) = ?",
-            (seq, len(BATCH_TYPE_PREFIX), BATCH_TYPE_PREFIX),
+            f" COALESCE(SUM(CASE WHEN status = 'completed' AND {code} < 400 THEN 1 ELSE 0 END), 0),"
+            " COALESCE(SUM(CASE WHEN status = 'failed' OR (status = 'completed'"
+            f"   AND {code} >= 400) THEN 1 ELSE 0 END), 0),"
+            " COALESCE(SUM(CASE WHEN status IN ('queued', 'running') THEN 1 ELSE 0 END), 0)"
+            " FROM background_tasks WHERE job_id = ? AND substr(task_type, 1, length(?)) = ?",
+            (seq, BATCH_TYPE_PREFIX, BATCH_TYPE_PREFIX),
         ).fetchone()
-    return RequestCounts(total, completed, failed, pending)
+    return RequestCounts(total, int(completed), int(failed), int(pending))
 
 
-def batch_types_queued(db_path: Path | str) -> set[str]:
+def batch_types_queued(db_path: TaskDb) -> set[str]:
     """The `batch:<model>` task types that have queued rows (to load back after a restart)."""
     with connect(db_path) as conn:
         records = conn.execute(
             "SELECT DISTINCT task_type FROM background_tasks"
-            " WHERE status = 'queued' AND substr(task_type, 1, ?) = ?",
-            (len(BATCH_TYPE_PREFIX), BATCH_TYPE_PREFIX),
+            " WHERE status = 'queued' AND substr(task_type, 1, length(?)) = ?",
+            (BATCH_TYPE_PREFIX, BATCH_TYPE_PREFIX),
         ).fetchall()
     return {r[0] for r in records}

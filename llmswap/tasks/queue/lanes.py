@@ -18,25 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from llmswap.scheduler.errors import Preempted
-from llmswap.tasks.queue.db import (
-    QUEUE_FULL_ERROR,
-    TaskRow,
-    TaskStatus,
-    claim_task,
-    fail_unfinished_task,
-    finish_task,
-    queued_tasks,
-)
-from llmswap.tasks.queue.preemption import requeue_preempted
+from llmswap.tasks.queue.claims import Queued, claiming, requeue_preempted_task
+from llmswap.tasks.queue.db import QUEUE_FULL_ERROR, TaskRow, fail_unfinished_task, queued_tasks
+from llmswap.tasks.queue.sql import TaskDb
+
+__all__ = ["Queued", "TaskLanes", "claiming", "requeue_preempted_task"]  # the last two: claims.py
 
 log = logging.getLogger("llmswap.tasks")
 
@@ -56,13 +48,6 @@ def log_failure(what: str) -> Callable[[asyncio.Future[Any]], None]:
             log.error("tasks: %s failed: %r", what, future.exception())
 
     return done
-
-
-@dataclass(frozen=True, slots=True)
-class Queued:
-    id: int
-    job_id: int
-    params: Any = None
 
 
 RunItem = Callable[[str, Queued], Awaitable[None]]
@@ -86,7 +71,7 @@ class TaskLanes:
 
     def __init__(
         self,
-        db: Path,
+        db: TaskDb,
         run_item: RunItem,
         *,
         max_queue_depth: int,
@@ -269,63 +254,3 @@ class TaskLanes:
         for lane in pending:
             lane.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-
-
-def claiming(
-    db: Path,
-    run_one: RunOne,
-    *,
-    max_preemptions: Callable[[], int],
-    on_preempted: Callable[[str, Queued, bool], None] | None = None,
-) -> RunItem:
-    """Server mode's task runner: claim the row, run it, record the outcome (a failure never stops a lane).
-
-    A preempted attempt did not run: see `requeue_preempted_task`."""
-
-    async def run(task_type: str, item: Queued) -> None:
-        try:
-            row = await asyncio.to_thread(claim_task, db, item.id)
-            if row is None:
-                log.info("task %d (%s) is no longer queued; not running it", item.id, task_type)
-                return
-            try:
-                result = await run_one(row)
-            except Preempted as exc:
-                await requeue_preempted_task(db, task_type, item, exc, max_preemptions(), on_preempted)
-                return
-            except Exception as exc:
-                log.warning("task %d (%s, job %d) failed: %s", item.id, task_type, item.job_id, exc)
-                await asyncio.to_thread(finish_task, db, item.id, TaskStatus.FAILED,
-                                        error=f"{type(exc).__name__}: {exc}")
-                return
-            text = result if result is None or isinstance(result, str) else json.dumps(result)
-            if not await asyncio.to_thread(finish_task, db, item.id, TaskStatus.COMPLETED, result=text):
-                log.warning("task %d (%s) finished after it had been failed; its result was dropped",
-                            item.id, task_type)
-        except Exception:
-            log.exception("tasks: running task %d (%s) failed", item.id, task_type)
-
-    return run
-
-
-async def requeue_preempted_task(
-    db: Path,
-    task_type: str,
-    item: Queued,
-    exc: Preempted,
-    limit: int,
-    on_preempted: Callable[[str, Queued, bool], None] | None,
-) -> None:
-    """A preempted attempt did not run: its row goes back to queued (`preemption.requeue_preempted`, at most
-    `limit` times, then failed) and `on_preempted(type, item, requeued)` is told."""
-    outcome = await asyncio.to_thread(requeue_preempted, db, item.id, limit)
-    if outcome is None:
-        log.info("task %d (%s) was preempted and is no longer running; left as it is", item.id, task_type)
-        return
-    if outcome.requeued:
-        log.warning("task %d (%s) preempted (%s): back at the head of its queue (preemption %d, "
-                    "at most %d)", item.id, task_type, exc, outcome.preemptions, limit)
-    else:
-        log.warning("task %d (%s) failed: %s", item.id, task_type, outcome.error)
-    if on_preempted is not None:
-        on_preempted(task_type, item, outcome.requeued)

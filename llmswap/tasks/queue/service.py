@@ -19,6 +19,7 @@ import contextvars
 import dataclasses
 import json
 import logging
+import socket
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ from llmswap.config.model import Config, TasksConfig
 from llmswap.router import AcquireOptions
 from llmswap.scheduler.errors import Preempted, SchedulerError, ShuttingDown
 from llmswap.tasks.batch_api.batches import Batches
-from llmswap.tasks.batch_api.store import BATCH_TYPE_PREFIX, batch_types_queued, init_batch_tables
+from llmswap.tasks.batch_api.store import BATCH_TYPE_PREFIX, batch_types_queued
+from llmswap.tasks.queue.claims import Claims
 from llmswap.tasks.queue.db import (
     TaskRow,
     TaskStatus,
@@ -40,7 +42,9 @@ from llmswap.tasks.queue.db import (
     reset_running_tasks,
     task_stats,
 )
+from llmswap.tasks.queue.hosts import QueueHost
 from llmswap.tasks.queue.lanes import Queued, TaskLanes, claiming, log_failure, requeue_preempted_task
+from llmswap.tasks.queue.sql import TaskDb, close_pools, display, is_postgres
 from llmswap.upstream import Dispatcher, UpstreamUnreachable
 from llmswap.upstream.dispatcher import Lease
 
@@ -93,10 +97,13 @@ class TaskService:
         loop: asyncio.AbstractEventLoop,
         *,
         poll_interval: float = 1.0,
+        host: str = "",
     ) -> None:
         assert config.tasks is not None
         self.tasks: TasksConfig = config.tasks
-        self.db: Path = self.tasks.db
+        self.db: TaskDb = self.tasks.db
+        self.host = self.tasks.host or host or socket.gethostname()
+        self._models = served_models(config)
         self._router_of = router_of
         self.dispatcher = dispatcher
         self._loop = loop
@@ -105,12 +112,23 @@ class TaskService:
         self.enabled = True  # False after a reload dropped the `tasks:` section
         # `batch:<model>` task types of the Batch API in use (type -> model): they outlive reloads.
         self._batch_types: dict[str, str] = {}
-        self.lanes = TaskLanes(
-            self.db, self._run_item, max_queue_depth=self.tasks.max_queue_depth,
-        )
+        # On a shared (PostgreSQL) queue this host claims under leases once it has joined (`hosts.py`).
+        self.queue_host: QueueHost | None = None
+        self._wake = asyncio.Event()
+        self.claims = Claims(self.db, self.host)
+        if is_postgres(self.db):
+            self.queue_host = QueueHost(str(self.db), self.host, lease_seconds=self.tasks.lease_seconds,
+                                        max_preemptions=lambda: self.tasks.max_preemptions,
+                                        served=self._served, wake=self._wake.set)
+            self.claims = Claims(self.db, self.host, owner=self.queue_host.instance,
+                                 lease_seconds=self.tasks.lease_seconds)
+        self.lanes = TaskLanes(self.db, self._run_item, max_queue_depth=self.tasks.max_queue_depth,
+                               running=self.queue_host is None)
         self.batches = Batches(self)
-        self._claim_and_run = claiming(self.db, self._run, max_preemptions=lambda: self.tasks.max_preemptions,
-                                       on_preempted=self.lanes.preempted)
+        self._claim_and_run = claiming(
+            self.claims, self._run, max_preemptions=lambda: self.tasks.max_preemptions,
+            on_preempted=self.lanes.preempted, on_claimed=self.lanes.discard,
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -118,15 +136,19 @@ class TaskService:
         """Fail what a crash left running and prepare the database (before any request is served: at
         startup, or inside the reload that adds `tasks:`), then load what was queued and start polling."""
         init_db(self.db)
-        init_batch_tables(self.db)
-        interrupted = reset_running_tasks(self.db)
-        if interrupted:
-            log.warning("tasks: %d task(s) were running when llmswap stopped; marked failed", interrupted)
-        # Batches queued before a restart carry on: their types must be known before the rows load.
-        self._batch_types = {t: t[len(BATCH_TYPE_PREFIX):] for t in batch_types_queued(self.db)}
-        self._after(self.lanes.load(self.lanes.set_types(self._all_types(), self.tasks.max_queue_depth)))
+        if self.queue_host is not None:
+            # Shared: what this host ran before a crash goes back to the queue once it joins (hosts.py).
+            self.lanes.set_types(self._all_types(), self.tasks.max_queue_depth)
+            self.queue_host.start()
+        else:
+            interrupted = reset_running_tasks(self.db)
+            if interrupted:
+                log.warning("tasks: %d task(s) were running when llmswap stopped; marked failed", interrupted)
+            # Batches queued before a restart carry on: their types must be known before the rows load.
+            self._batch_types = {t: t[len(BATCH_TYPE_PREFIX):] for t in batch_types_queued(self.db)}
+            self._after(self.lanes.load(self.lanes.set_types(self._all_types(), self.tasks.max_queue_depth)))
         self._poller = self._loop.create_task(self._poll_database(), name="tasks-db-poll")
-        log.info("tasks: %s, types %s", self.db, sorted(self.tasks.types))
+        log.info("tasks: %s as host %s, types %s", display(self.db), self.host, sorted(self.tasks.types))
 
     def _after(self, work: Coroutine[Any, Any, None]) -> None:
         self._loop.create_task(work).add_done_callback(log_failure("loading the queued tasks"))
@@ -142,10 +164,11 @@ class TaskService:
             self.enabled = False
         else:
             self.enabled = True
-            if tasks.db.resolve() != self.db.resolve():
-                log.error("tasks: tasks.db changed from %s to %s; that takes a restart, the queue keeps "
-                          "using %s", self.db, tasks.db, self.db)
-                tasks = dataclasses.replace(tasks, db=self.db)
+            if not same_db(tasks.db, self.db) or tasks.host not in (None, self.host):
+                log.error("tasks: tasks.db or tasks.host changed; that takes a restart, the queue keeps "
+                          "using %s as host %s", display(self.db), self.host)
+                tasks = dataclasses.replace(tasks, db=self.db, host=self.tasks.host)
+        self._models = served_models(config)
         if tasks == self.tasks:
             return
         self.tasks = tasks
@@ -159,12 +182,26 @@ class TaskService:
         Called from the worker thread that creates a batch: the change hops onto the loop, ahead of the
         batch's rows (`enqueue_threadsafe` keeps that order)."""
         new = {name: model for name, model in types.items() if name not in self._batch_types}
-        if new:
+        if new and self.queue_host is None:  # shared: the lanes take every model's batch type already
             self._batch_types.update(new)
             self._loop.call_soon_threadsafe(self.lanes.set_types, self._all_types())
 
     def _all_types(self) -> list[str]:
+        if self.queue_host is not None:
+            models = sorted(set(self._models.values()))
+            return [*self.tasks.types, *(f"{BATCH_TYPE_PREFIX}{model}" for model in models)]
         return [*self.tasks.types, *self._batch_types]
+
+    def _served(self) -> tuple[list[str], Mapping[str, str]]:
+        """What this host registers in a shared queue: the task types its lanes run, and its models."""
+        return (self._all_types() if self.enabled else []), self._models
+
+    def model_id(self, config: Config, name: str) -> str | None:
+        """The model id a batch line's `model` names: here, or (shared queue) on a live host."""
+        here = config.real_model_name(name)
+        if here is not None or self.queue_host is None:
+            return here
+        return self.queue_host.model_id(name)
 
     def router_of(self) -> Any:
         return self._router_of()
@@ -174,6 +211,9 @@ class TaskService:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
         await self.lanes.shutdown(5.0)
+        if self.queue_host is not None:
+            await self.queue_host.stop()
+            await asyncio.to_thread(close_pools)
 
     # ------------------------------------------------------------------ API
 
@@ -186,14 +226,13 @@ class TaskService:
 
     async def submit(self, task_type: str, job_id: int | None, params: Any) -> tuple[int, bool]:
         if task_type not in self.tasks.types:
-            known = ", ".join(sorted(self.tasks.types)) or "none configured"
-            raise UnknownTaskType(f"unknown task type {task_type!r} (configured: {known})")
+            await self._check_served(task_type)
         # Without a job id every submission is its own task; with one, a duplicate of a queued or
         # running (type, job) is not queued again (the seed's dedupe).
         task_id, is_new = await asyncio.to_thread(
             insert_task, self.db, task_type, job_id or 0, params, dedupe=job_id is not None
         )
-        if is_new:
+        if is_new and self.lanes.handles(task_type):
             self.lanes.enqueue(task_id, task_type, job_id or 0)
         return task_id, is_new
 
@@ -211,26 +250,58 @@ class TaskService:
             "active_batches": list(snap.active_types),
             "batches_started": dict(snap.batches_started),
             "preempted": {"requeued": dict(snap.requeued), "gave_up": dict(snap.gave_up)},
+            "host": self.host,
+            "hosts": self._hosts_json(),
         }
 
+    def _hosts_json(self) -> list[dict[str, Any]]:
+        """The hosts of a shared queue (empty on SQLite): name, live, heartbeat age, task types."""
+        if self.queue_host is None:
+            return []
+        lease = self.queue_host.lease_seconds
+        return [{"name": h.name, "live": h.live(lease), "heartbeat_age": round(h.age, 3),
+                 "types": list(h.types), "this": h.name == self.host} for h in self.queue_host.hosts]
+
+    async def _check_served(self, task_type: str) -> None:
+        """A type this host does not run is accepted when a live host of the shared queue runs it."""
+        if self.queue_host is not None:
+            await self.queue_host.refresh()
+            if self.queue_host.serving(task_type):
+                return
+        known = sorted(set(self.tasks.types) | (self.queue_host.live_types() if self.queue_host else set()))
+        where = "served by the live hosts" if self.queue_host is not None else "configured"
+        raise UnknownTaskType(f"unknown task type {task_type!r} ({where}: {', '.join(known) or 'none'})")
+
     async def _poll_database(self) -> None:
-        # `llmswap tasks submit` writes rows straight into the database; enqueue those we have not seen.
+        # SQLite: `llmswap tasks submit` writes rows straight into the file; a poll enqueues those unseen.
+        # Shared: a wake-up (`hosts.py`) or the heartbeat's safety net re-reads the queue.
         while True:
-            await asyncio.sleep(self._poll_interval)
+            if self.queue_host is None:
+                await asyncio.sleep(self._poll_interval)
+            else:
+                await self._wake.wait()
+                self._wake.clear()
+                if not self.queue_host.joined.is_set():
+                    continue
+                self.lanes.begin()
+            before = self.lanes.pending_ids()
             try:
-                rows = await asyncio.to_thread(queued_tasks, self.db, set(self.tasks.types))
+                rows = await asyncio.to_thread(queued_tasks, self.db, set(self._all_types()))
             except Exception:
-                log.exception("tasks: polling %s failed", self.db)
+                log.exception("tasks: reading the queue in %s failed", display(self.db))
                 continue
             pending = self.lanes.pending_ids()
             for row in rows:
                 # A reload may have dropped the row's type while the database was read.
                 if row.id not in pending and self.lanes.handles(row.task_type):
-                    self.lanes.enqueue(row.id, row.task_type, row.job_id)
+                    self.lanes.enqueue(row.id, row.task_type, row.job_id, bounded=False)
+            if self.queue_host is not None:  # what another host claimed meanwhile leaves the lanes
+                for task_id in before - {row.id for row in rows}:
+                    self.lanes.discard(task_id)
             try:
                 await asyncio.to_thread(self.batches.tick)
             except Exception:
-                log.exception("tasks: checking the batches in %s failed", self.db)
+                log.exception("tasks: checking the batches in %s failed", display(self.db))
 
     # ------------------------------------------------------------------ running one task
 
@@ -265,7 +336,7 @@ class TaskService:
                 if row is not None and row.status is TaskStatus.QUEUED:
                     continue  # preempted before its row was claimed: it never started; ask again
                 # Its upstream call was abandoned: the attempt did not run, the row goes back to the head.
-                await requeue_preempted_task(self.db, task_type, item, exc, self.tasks.max_preemptions,
+                await requeue_preempted_task(self.claims, task_type, item, exc, self.tasks.max_preemptions,
                                              self.lanes.preempted)
                 return
             except ShuttingDown:
@@ -308,24 +379,12 @@ class TaskService:
         return answer.text
 
 
-def row_json(row: TaskRow) -> dict[str, Any]:
-    """A task row as the HTTP API shows it."""
-    result: Any = row.result
-    if isinstance(result, str):
-        try:
-            result = json.loads(result)
-        except ValueError:
-            pass
-    return {
-        "id": row.id,
-        "type": row.task_type,
-        "job_id": row.job_id,
-        "status": row.status.value if isinstance(row.status, TaskStatus) else str(row.status),
-        "params": row.params,
-        "result": result,
-        "error": row.error,
-        "created_at": row.created_at,
-        "started_at": row.started_at,
-        "finished_at": row.finished_at,
-        "preemptions": row.preemptions,
-    }
+def served_models(config: Config) -> dict[str, str]:
+    """Every model id and alias of `config` -> the model id (what a host of a shared queue serves)."""
+    return {**{model: model for model in config.models}, **dict(config.aliases)}
+
+
+def same_db(a: TaskDb, b: TaskDb) -> bool:
+    if is_postgres(a) or is_postgres(b):
+        return a == b
+    return Path(a).resolve() == Path(b).resolve()

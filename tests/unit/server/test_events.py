@@ -345,3 +345,12 @@ def test_a_closed_inflight_entry_still_shows_the_client_address_it_had():
         shown_open = entry.as_dict(0.0)["remote_ip"]
         tracker.close(entry)
         assert (shown_open, entry.as_dict(0.0)["remote_ip"], entry.request) == (expected, expected, None)
+
+
+def test_an_event_with_undecodable_request_text_still_encodes() -> None:
+    """A header of invalid UTF-8 (aiohttp decodes it with surrogateescape) echoed in a log line must not
+    end the /api/events stream with a UnicodeEncodeError (found by test_fuzz_requests)."""
+    line = "guard: refused POST / from the origin '\udc93\udc89A'"
+    frame = Event("logData", {"source": "proxy", "data": line}).encode()
+    payload = json.loads(json.loads(frame.decode().split("data:", 1)[1])["data"])
+    assert payload["data"] == "guard: refused POST / from the origin '??A'"

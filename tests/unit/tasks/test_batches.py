@@ -141,6 +141,9 @@ class _Host:
         self.dispatcher = None
         self.queued: list[int] = []
 
+    def model_id(self, config: Config, name: str) -> str | None:
+        return config.real_model_name(name)
+
     def add_batch_types(self, types: object) -> None:
         pass
 

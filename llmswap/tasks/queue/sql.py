@@ -1,0 +1,130 @@
+"""Where the task queue's tables live: a SQLite file (one host), or a PostgreSQL database (several hosts).
+
+`tasks.db` is a file path or a `postgresql://` URL; every statement of the queue goes through `connect()`,
+which gives an autocommit connection of either kind with one `execute(sql, args)` taking SQLite's `?`
+marks. The statements are written once, in the dialect both engines share; the few that differ (the
+schema, the JSON of a batch's counts, the leases of `shared.py`) ask `is_postgres()`.
+
+PostgreSQL connections come from one psycopg pool per URL (`psycopg_pool`), opened on first use and
+closed by `close_pools()`. psycopg is an extra (`pip install 'llmswap-proxy[postgres]'`), imported only
+when a URL is used, so a SQLite user never needs it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+from llmswap.config.masking import mask_secrets
+from llmswap.config.tasks_section import POSTGRES_SCHEMES, postgres_missing
+
+TaskDb = Path | str
+"""A SQLite file, or (a str starting with postgresql:// or postgres://) a PostgreSQL URL."""
+
+BUSY_TIMEOUT_MS = 10_000
+POOL_MAX = 8  # connections per URL: worker threads of one llmswap; the database allows 100 by default
+# The key of the advisory lock that `write_transaction` takes on PostgreSQL: writers that check and then
+# write (dedupe, requeue, schema) take turns, as SQLite's BEGIN IMMEDIATE makes them.
+_WRITE_LOCK = 0x6C6C6D73
+
+
+class Cursor(Protocol):
+    rowcount: int
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+class Connection(Protocol):
+    def execute(self, sql: str, args: Sequence[Any] = ...) -> Cursor: ...
+
+
+def is_postgres(db: TaskDb) -> bool:
+    return isinstance(db, str) and db.startswith(POSTGRES_SCHEMES)
+
+
+def display(db: TaskDb) -> str:
+    """The database for logs and errors: a URL without its password."""
+    return mask_secrets(str(db))
+
+
+class _Postgres:
+    """A pooled psycopg connection that reads SQLite's `?` marks (a literal % is doubled for psycopg)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.raw = conn
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Cursor:
+        text = sql.replace("%", "%%").replace("?", "%s") if args else sql
+        cursor: Cursor = self.raw.execute(text, tuple(args) if args else None)
+        return cursor
+
+
+_pools: dict[str, Any] = {}
+_pools_lock = threading.Lock()
+
+
+def _pool(url: str) -> Any:
+    with _pools_lock:
+        pool = _pools.get(url)
+        if pool is None:
+            missing = postgres_missing()
+            if missing:
+                raise RuntimeError(missing)
+            from psycopg_pool import ConnectionPool
+
+            pool = ConnectionPool(url, min_size=1, max_size=POOL_MAX, kwargs={"autocommit": True},
+                                  open=True, timeout=10.0, name="llmswap-tasks")
+            _pools[url] = pool
+        return pool
+
+
+def close_pools() -> None:
+    with _pools_lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        pool.close()
+
+
+@contextmanager
+def connect(db: TaskDb) -> Iterator[Any]:
+    """An autocommit connection to `db` (explicit transactions: `write_transaction`), released on exit."""
+    if is_postgres(db):
+        with _pool(str(db)).connection() as conn:
+            yield _Postgres(conn)
+        return
+    # isolation_level=None: the sqlite3 module must not open transactions behind our back.
+    conn = sqlite3.connect(str(db), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        # In WAL mode NORMAL still survives a killed process (kill -9 loses nothing committed); only a
+        # power cut may drop the last commits. It spares an fsync per status change.
+        conn.execute("PRAGMA synchronous = NORMAL")
+        yield conn
+    finally:
+        conn.close()
+
+
+@contextmanager
+def write_transaction(conn: Any) -> Iterator[None]:
+    """A transaction whose writes no other writer interleaves with (read, decide, write): SQLite's
+    `BEGIN IMMEDIATE`, or on PostgreSQL a transaction holding the queue's advisory lock."""
+    if isinstance(conn, _Postgres):
+        with conn.raw.transaction():
+            conn.raw.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
+            yield
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
