@@ -10,7 +10,7 @@ LISTEN ?= 127.0.0.1:8080
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,postgres]'
 	touch $(STAMP)
 
 run: $(STAMP)

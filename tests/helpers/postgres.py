@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import count
 
 _databases = count(1)
@@ -36,9 +36,11 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@dataclass(frozen=True)
+@dataclass
 class Cluster:
-    port: int
+    bin_dir: str
+    folder: str
+    port: int = field(default_factory=_free_port)
     user: str = "llmswap"
 
     def url(self, database: str = "postgres") -> str:
@@ -53,29 +55,39 @@ class Cluster:
             conn.execute(f"CREATE DATABASE {name}")
         return self.url(name)
 
+    def _run(self, tool: str, *args: str, check: bool = True) -> None:
+        as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run([*as_user, os.path.join(self.bin_dir, tool), *args], check=check, capture_output=True,
+                       timeout=120)
+
+    @property
+    def data(self) -> str:
+        return os.path.join(self.folder, "data")
+
+    def init(self) -> None:
+        self._run("initdb", "-D", self.data, "-U", self.user, "-A", "trust", "--no-sync")
+
+    def start(self) -> None:
+        options = (f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+                   " -c max_connections=200")
+        self._run("pg_ctl", "-D", self.data, "-o", options, "-l", os.path.join(self.folder, "log"), "-w",
+                  "start")
+
+    def stop(self) -> None:
+        self._run("pg_ctl", "-D", self.data, "-m", "immediate", "stop", check=False)
+
 
 @contextmanager
 def running_cluster(bin_dir: str) -> Iterator[Cluster]:
     """initdb into a temporary folder, start on a free loopback port (trust auth, no fsync), stop after."""
     folder = tempfile.mkdtemp(prefix="llmswap-pg-")
-    data = os.path.join(folder, "data")
-    as_user: list[str] = []
     if os.geteuid() == 0:
         shutil.chown(folder, "postgres", "postgres")
-        as_user = ["runuser", "-u", "postgres", "--"]
-    cluster = Cluster(_free_port())
-
-    def run(*argv: str) -> None:
-        subprocess.run([*as_user, *argv], check=True, capture_output=True, timeout=120)
-
-    run(os.path.join(bin_dir, "initdb"), "-D", data, "-U", cluster.user, "-A", "trust", "--no-sync")
-    options = (f"-p {cluster.port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
-               " -c max_connections=200")
-    run(os.path.join(bin_dir, "pg_ctl"), "-D", data, "-o", options, "-l", os.path.join(folder, "log"),
-        "-w", "start")
+    cluster = Cluster(bin_dir, folder)
     try:
+        cluster.init()
+        cluster.start()
         yield cluster
     finally:
-        subprocess.run([*as_user, os.path.join(bin_dir, "pg_ctl"), "-D", data, "-m", "immediate", "stop"],
-                       capture_output=True, timeout=60, check=False)
+        cluster.stop()
         shutil.rmtree(folder, ignore_errors=True)

@@ -23,6 +23,7 @@ from llmswap.server.http import auth, guard
 from llmswap.server.http.errors import error_response
 from llmswap.server.observe.logsetup import deliver_line
 from llmswap.server.state import STATE
+from llmswap.tasks.queue.sql import TaskDatabaseUnavailable
 
 access_logger = logging.getLogger("llmswap.access")
 log = logging.getLogger("llmswap.server")
@@ -247,6 +248,9 @@ async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
                                       headers=_kept(exc))
         except web.RequestPayloadError as exc:
             response = _unreadable_body(request, exc)
+        except TaskDatabaseUnavailable as exc:  # a shared queue's database is down: not the request's fault
+            log.warning("%s %s: %s", request.method, request.path, exc)
+            response = error_response(request, 503, str(exc), retry_after=exc.retry_after)
         except ConnectionError:
             if _client_gone(request):
                 log.debug("%s %s: the client went away before the response was complete",

@@ -32,6 +32,12 @@ POOL_MAX = 8  # connections per URL: worker threads of one llmswap; the database
 _WRITE_LOCK = 0x6C6C6D73
 
 
+class TaskDatabaseUnavailable(RuntimeError):
+    """The PostgreSQL server of a shared queue cannot be reached now (HTTP: 503, try again later)."""
+
+    retry_after = 5.0
+
+
 class Cursor(Protocol):
     rowcount: int
 
@@ -78,8 +84,11 @@ def _pool(url: str) -> Any:
                 raise RuntimeError(missing)
             from psycopg_pool import ConnectionPool
 
+            # check: a connection is tried before it is lent (one round trip), so the first statement after
+            # the database restarted does not fail on a connection the restart broke.
             pool = ConnectionPool(url, min_size=1, max_size=POOL_MAX, kwargs={"autocommit": True},
-                                  open=True, timeout=10.0, name="llmswap-tasks")
+                                  open=True, timeout=5.0, name="llmswap-tasks",
+                                  check=ConnectionPool.check_connection)
             _pools[url] = pool
         return pool
 
@@ -96,8 +105,16 @@ def close_pools() -> None:
 def connect(db: TaskDb) -> Iterator[Any]:
     """An autocommit connection to `db` (explicit transactions: `write_transaction`), released on exit."""
     if is_postgres(db):
-        with _pool(str(db)).connection() as conn:
-            yield _Postgres(conn)
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        try:
+            with _pool(str(db)).connection() as conn:
+                yield _Postgres(conn)
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise TaskDatabaseUnavailable(
+                f"the task queue's database {display(db)} cannot be reached: {' '.join(str(exc).split())}"
+            ) from exc
         return
     # isolation_level=None: the sqlite3 module must not open transactions behind our back.
     conn = sqlite3.connect(str(db), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
