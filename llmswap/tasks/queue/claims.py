@@ -20,9 +20,10 @@ from llmswap.scheduler.errors import Preempted
 from llmswap.tasks.queue.db import TaskRow, TaskStatus, claim_task, finish_task
 from llmswap.tasks.queue.preemption import Requeue, requeue_preempted
 from llmswap.tasks.queue.shared import claim as claim_leased
-from llmswap.tasks.queue.sql import TaskDb
+from llmswap.tasks.queue.sql import TaskDatabaseUnavailable, TaskDb
 
 log = logging.getLogger("llmswap.tasks")
+RECORD_RETRY = 1.0  # seconds between tries while a shared queue's database is unreachable
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,11 @@ def claiming(
             if row.id != item.id and on_claimed is not None:
                 on_claimed(row.id)
             await _run_claimed(taken, task_type, item, row, run_one, max_preemptions(), on_preempted)
+        except TaskDatabaseUnavailable as exc:
+            # The row stays as it is (queued; the next read of the queue brings it back); a pause keeps the
+            # lane from spinning through its queue while the database is away.
+            log.warning("task %d (%s) not taken: %s", item.id, task_type, exc)
+            await asyncio.sleep(RECORD_RETRY)
         except Exception:
             log.exception("tasks: running task %d (%s) failed", item.id, task_type)
 
@@ -101,13 +107,24 @@ async def _run_claimed(
         return
     except Exception as exc:
         log.warning("task %d (%s, job %d) failed: %s", row.id, task_type, row.job_id, exc)
-        error = f"{type(exc).__name__}: {exc}"
-        await asyncio.to_thread(claims.finish, row.id, TaskStatus.FAILED, error=error)
+        await _record(claims, row, TaskStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
         return
     text = result if result is None or isinstance(result, str) else json.dumps(result)
-    if not await asyncio.to_thread(claims.finish, row.id, TaskStatus.COMPLETED, result=text):
+    if not await _record(claims, row, TaskStatus.COMPLETED, result=text):
         log.warning("task %d (%s) finished after it had been failed or its lease had lapsed; its result "
                     "was dropped", row.id, task_type)
+
+
+async def _record(claims: Claims, row: TaskRow, status: TaskStatus, *, error: str | None = None,
+                  result: str | None = None) -> bool:
+    """Write the outcome; while a shared queue's database is away, keep it and try again (the lease may
+    lapse meanwhile: then the write is refused, and the task runs again elsewhere)."""
+    while True:
+        try:
+            return await asyncio.to_thread(claims.finish, row.id, status, error=error, result=result)
+        except TaskDatabaseUnavailable as exc:
+            log.warning("task %d: its outcome waits for the database: %s", row.id, exc)
+            await asyncio.sleep(RECORD_RETRY)
 
 
 async def requeue_preempted_task(

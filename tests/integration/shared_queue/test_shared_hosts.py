@@ -195,18 +195,24 @@ async def _tokens_generated(http: aiohttp.ClientSession, host: LlmswapProcess) -
         return int((await response.json())["demo"]["tokens_generated"])
 
 
-async def test_while_the_database_is_down_tasks_answer_503_and_models_still_serve(
+async def test_while_the_database_is_down_tasks_answer_503_models_serve_and_nothing_is_lost(
     tmp_path: Path, cluster: Cluster
 ) -> None:
+    """The database stops while a task runs: submissions get 503 with Retry-After, models still answer, and
+    once it is back the running task's result is recorded (its lease outlived the outage) and the queue
+    takes work again."""
     bin_dir = postgres_bin()
     assert bin_dir is not None
     with running_cluster(bin_dir) as own:  # a cluster of its own: this test stops it
         url = own.fresh_database()
-        box1 = host_config(tmp_path, "box1", url, {"letters": "a"}, {"a": demo_model("a")})
+        box1 = host_config(tmp_path, "box1", url, {"letters": "a"}, {"a": demo_model("a", *SLOW)}, lease=30)
         async with running_llmswap(box1) as one, aiohttp.ClientSession() as http:
             first = await submit(http, one, "letters", 0)
-            await eventually(lambda: all_done(http, one, [first]), within=20, what="a task before the outage")
 
+            async def running() -> bool:
+                return (await tasks_of(http, one))[first]["status"] == "running"
+
+            await eventually(running, within=20, what="a task running")
             own.stop()
             body = {"type": "letters", "params": {"messages": [{"role": "user", "content": "x"}]}}
             async with http.post(f"{one.url}/api/tasks", json=body) as response:
@@ -214,11 +220,13 @@ async def test_while_the_database_is_down_tasks_answer_503_and_models_still_serv
                 assert response.headers["Retry-After"] == "5"
                 error = (await response.json())["error"]
             assert "cannot be reached" in error["message"] and "127.0.0.1" in error["message"]
-            chat = {"model": "a", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+            chat = {"model": "a", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
             async with http.post(f"{one.url}/v1/chat/completions", json=chat) as response:
                 assert response.status == 200  # the proxy serves models without its queue
-
+            await asyncio.sleep(0.5)  # the task's answer is in by now: its outcome waits for the database
             own.start()
+
+            accepted_ids: list[int] = []
 
             async def accepted() -> bool:
                 async with http.post(f"{one.url}/api/tasks", json=body) as response:
@@ -226,10 +234,13 @@ async def test_while_the_database_is_down_tasks_answer_503_and_models_still_serv
                         accepted_ids.append(int((await response.json())["id"]))
                     return response.status == 201
 
-            accepted_ids: list[int] = []
             await eventually(accepted, within=30, what="submissions accepted once the database is back")
-            await eventually(lambda: all_done(http, one, accepted_ids), within=30,
-                             what="the task submitted after the outage running")
+            await eventually(lambda: all_done(http, one, [first, *accepted_ids]), within=30,
+                             what="the tasks finishing after the outage")
+            rows = await tasks_of(http, one)
+    row = rows[first]
+    assert (row["status"], row["preemptions"], row["host"]) == ("completed", 0, "box1")
+    assert all(rows[i]["status"] == "completed" for i in accepted_ids)
 
 
 async def test_a_task_queued_anywhere_wakes_the_host_that_serves_it_without_waiting_for_a_heartbeat(
