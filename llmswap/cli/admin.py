@@ -226,17 +226,28 @@ def table(found: Sequence[Row]) -> str:
 def ps_hosts(client: Client, *, as_json: bool) -> str:
     """Every host's models: this one's and its discover peers' (`GET /api/hosts`)."""
     try:
-        found = json.loads(client.call("GET", "/api/hosts"))["hosts"]
-    except (ValueError, KeyError, TypeError):
+        answer = json.loads(client.call("GET", "/api/hosts"))
+        found, queue = answer["hosts"], answer.get("queue", [])
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise AdminError(f"{client.url}/api/hosts is not an llmswap's host list") from None
     if as_json:
-        return json.dumps(found, indent=2) + "\n"
+        return json.dumps(found if not queue else {"hosts": found, "queue": queue}, indent=2) + "\n"
     lines = [("HOST", "STATE", "MODEL", "MODEL STATE", "IN FLIGHT", "QUEUED")]
     for host in found:
         live = "live" if host["fresh"] else "down or stale"
         for model in host["models"] or [{"id": "-", "state": "-", "in_flight": 0, "waiting": 0}]:
             lines.append((host["name"], live, model["id"], model["state"], str(model["in_flight"]),
                           str(model["waiting"])))
+    text = _columns(lines)
+    if queue:  # the hosts draining the shared task queue (tasks.db: postgresql://...)
+        rows = [("TASK QUEUE HOST", "STATE", "HEARTBEAT", "TASK TYPES")]
+        rows += [(h["name"] + (" (this)" if h["this"] else ""), "live" if h["live"] else "gone",
+                  f"{h['heartbeat_age']:.1f}s ago", ", ".join(h["types"]) or "-") for h in queue]
+        text += "\n" + _columns(rows)
+    return text
+
+
+def _columns(lines: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return "".join("   ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() + "\n"
                    for line in lines)

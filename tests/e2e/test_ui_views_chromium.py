@@ -153,3 +153,36 @@ async def test_the_hosts_view_lists_this_host_and_its_discovered_peer(tmp_path: 
             cells = await page.evaluate("[...document.querySelectorAll('#hosts tr[data-host=\"b\"] td')]"
                                         ".map(td => td.textContent)")
             assert cells[0].startswith("b") and cells[1] == "live" and cells[2] == "m"
+
+
+async def test_the_hosts_view_lists_the_hosts_of_a_shared_task_queue(tmp_path: Path) -> None:
+    from llmswap.config.model import TasksConfig, TaskTypeConfig
+    from llmswap.tasks.queue import shared
+    from llmswap.tasks.queue.sql import close_pools
+    from tests.helpers.postgres import require_postgres, running_cluster
+
+    with running_cluster(require_postgres()) as cluster:
+        url = cluster.fresh_database()
+        tasks = TasksConfig(db=url, host="box1", lease_seconds=3,
+                            types={"letters": TaskTypeConfig(name="letters", model="m")})
+        config = exclusive_config(demo_config("m"), tasks=tasks)
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=WITHIN)
+        try:
+            async with aiohttp.ClientSession(timeout=timeout) as http, serving(config) as served, \
+                    chromium(tmp_path, http) as page:
+                # A second host, gone quiet: registered, its heartbeat older than the lease by now.
+                shared.register(url, name="box0", instance="old", types=["research"], models={},
+                                lease_seconds=3)
+                await page.call("Page.enable")
+                await page.navigate(served.at("/ui"))
+                await page.wait_for(n("#queue-hosts-list tr[data-queue-host='box1'][data-live='true']")
+                                    + " === 1", what="this host, live, among the task queue's hosts")
+                await page.wait_for(n("#queue-hosts-list tr[data-queue-host='box0'][data-live='false']")
+                                    + " === 1", what="the quiet host shown gone", within=20)
+                assert not await page.evaluate("document.getElementById('hosts-section').hidden")
+                cells = await page.evaluate(
+                    "[...document.querySelectorAll('#queue-hosts-list tr[data-queue-host=\"box1\"] td')]"
+                    ".map(td => td.textContent)")
+                assert cells[0] == "box1 (this host)" and cells[1] == "live" and "letters" in cells[3]
+        finally:
+            close_pools()

@@ -30,6 +30,24 @@ def postgres_bin() -> str | None:
     return os.path.dirname(candidates[0]) if candidates else None
 
 
+def require_postgres() -> str:
+    """The server binaries' folder; skips the test without them (or without psycopg), or fails it under
+    LLMSWAP_REQUIRE_E2E=1 (CI), which must not pass by skipping."""
+    import pytest
+
+    bin_dir = postgres_bin()
+    missing = "PostgreSQL's server is not installed (apt-get install postgresql)"
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        bin_dir, missing = None, "psycopg is not installed: pip install 'llmswap-proxy[postgres]'"
+    if bin_dir is None:
+        if os.environ.get("LLMSWAP_REQUIRE_E2E") == "1":
+            pytest.fail(f"LLMSWAP_REQUIRE_E2E=1 but {missing}", pytrace=False)
+        pytest.skip(missing)
+    return bin_dir
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from llmswap.config.model import Config, PeerConfig
 from llmswap.process.state import ProcessState
+from llmswap.server.admin.tasks import TASKS
 from llmswap.server.inference.peers import peer_headers
 from llmswap.server.inference.placement import (
     FORWARDED_HEADER,
@@ -161,11 +162,14 @@ def this_host(app: web.Application, *also: str) -> HostView:
 
 
 async def hosts(request: web.Request) -> web.Response:
-    """`GET /api/hosts`: this host and every discover peer, as placement sees them."""
+    """`GET /api/hosts`: this host and every discover peer, as placement sees them; and `queue`, the hosts
+    of a shared task queue (empty without one)."""
     config = request.app[STATE].config
     here = this_host(request.app, *config.models)
     views = [here, *request.app[PEER_WATCH].fresh_views()]
-    return web.json_response({"hosts": [{
+    service = request.app[TASKS].enabled()
+    queue = service.hosts_json() if service is not None else []
+    return web.json_response({"queue": queue, "hosts": [{
         "name": view.name or "this host",
         "url": config.peers[view.name].proxy if view.name in config.peers else None,
         "fresh": view.fresh, "free_memory": view.free_memory,

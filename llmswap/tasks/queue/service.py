@@ -251,10 +251,10 @@ class TaskService:
             "batches_started": dict(snap.batches_started),
             "preempted": {"requeued": dict(snap.requeued), "gave_up": dict(snap.gave_up)},
             "host": self.host,
-            "hosts": self._hosts_json(),
+            "hosts": self.hosts_json(),
         }
 
-    def _hosts_json(self) -> list[dict[str, Any]]:
+    def hosts_json(self) -> list[dict[str, Any]]:
         """The hosts of a shared queue (empty on SQLite): name, live, heartbeat age, task types."""
         if self.queue_host is None:
             return []

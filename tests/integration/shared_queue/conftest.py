@@ -7,28 +7,17 @@ LLMSWAP_REQUIRE_E2E=1 (CI sets it): then they fail, so CI cannot pass by skippin
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
 from llmswap.tasks.queue.sql import close_pools
-from tests.helpers.postgres import Cluster, postgres_bin, running_cluster
+from tests.helpers.postgres import Cluster, require_postgres, running_cluster
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    bin_dir = postgres_bin()
-    missing = "PostgreSQL's server is not installed (apt-get install postgresql)"
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        bin_dir, missing = None, "psycopg is not installed: pip install 'llmswap-proxy[postgres]'"
-    if bin_dir is None:
-        if os.environ.get("LLMSWAP_REQUIRE_E2E") == "1":
-            pytest.fail(f"LLMSWAP_REQUIRE_E2E=1 but {missing}", pytrace=False)
-        pytest.skip(missing)
-    with running_cluster(bin_dir) as running:
+    with running_cluster(require_postgres()) as running:
         yield running
 
 

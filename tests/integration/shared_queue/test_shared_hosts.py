@@ -7,6 +7,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,13 @@ async def test_tasks_submitted_on_one_host_run_on_the_host_that_serves_their_typ
             return sorted(h["name"] for h in hosts if h["live"]) == ["box1", "box2"]
 
         await eventually(both_joined, within=20, what="both hosts registered in the shared queue")
+        listed = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "llmswap", "ps", "--all-hosts", "--url", two.url],
+            capture_output=True, text=True, timeout=30, check=False)
+        assert listed.returncode == 0, listed.stderr
+        queue_table = listed.stdout.split("TASK QUEUE HOST", 1)[1].splitlines()
+        assert [line.split()[:2] for line in queue_table[1:]] == [["box1", "live"], ["box2", "(this)"]]
+        assert "batch:b, research" in listed.stdout
         ids = [await submit(http, one, "letters", n) for n in range(3)]
         ids += [await submit(http, one, "research", n) for n in range(3)]
 

@@ -282,14 +282,24 @@ async function loadHardware() {
   }
 }
 
-// ---------------------------------------------------------------- hosts (discover: true peers)
+// ---------------------------------------------------------------- hosts (discover: true peers, a shared task queue)
 async function loadHosts() {
   try {
     const response = await api("/api/hosts");
     if (!response.ok) return;
-    const hosts = (await response.json()).hosts;
-    document.getElementById("hosts-section").hidden = hosts.length < 2;
+    const answer = await response.json();
+    const hosts = answer.hosts;
+    const queue = answer.queue || [];
+    document.getElementById("hosts-section").hidden = hosts.length < 2 && queue.length === 0;
     document.getElementById("hosts-count").textContent = String(hosts.length);
+    // The hosts draining a shared task queue (tasks.db: postgresql://...): name, heartbeat, task types.
+    document.getElementById("queue-hosts").hidden = queue.length === 0;
+    document.getElementById("queue-hosts-list").replaceChildren(...queue.map((host) =>
+      el("tr", { dataset: { queueHost: host.name, live: String(host.live) } },
+        el("td", { class: "model-id" }, host.name + (host.this ? " (this host)" : "")),
+        el("td", {}, el("span", { class: "pill " + (host.live ? "o-ok" : "o-failed") }, host.live ? "live" : "gone")),
+        el("td", { class: "num" }, `${host.heartbeat_age.toFixed(1)} s ago`),
+        el("td", {}, host.types.join(", ") || "–"))));
     document.getElementById("hosts").replaceChildren(...hosts.map((host) => {
       const loaded = host.models.filter((m) => m.state === "ready").map((m) => m.id).join(", ") || "–";
       const flight = host.models.reduce((n, m) => n + m.in_flight, 0);
