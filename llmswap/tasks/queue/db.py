@@ -272,14 +272,18 @@ def fail_unfinished_task(db_path: TaskDb, task_id: int, error: str) -> bool:
 
 
 def cancel_task(db_path: TaskDb, task_id: int, *, error: str = CANCELLED_ERROR) -> bool:
-    """A queued task -> failed `error` ("cancelled"); False when it is running, finished or unknown."""
+    """A queued task -> failed `error` ("cancelled"); False when it is running, finished or unknown.
+
+    On a shared queue the hosts are told, so they drop it from their lanes before asking for its model."""
     with connect(db_path) as conn:
-        cursor = conn.execute(
+        record = conn.execute(
             "UPDATE background_tasks SET status = 'failed', error = ?, finished_at = ?"
-            " WHERE id = ? AND status = 'queued'",
+            " WHERE id = ? AND status = 'queued' RETURNING task_type",
             (error, now_text(), task_id),
-        )
-    return cursor.rowcount == 1
+        ).fetchone()
+        if record is not None:
+            notify(conn, db_path, record[0])
+    return record is not None
 
 
 def reset_running_tasks(db_path: TaskDb) -> int:

@@ -44,6 +44,7 @@ from llmswap.tasks.queue.db import (
 )
 from llmswap.tasks.queue.hosts import QueueHost
 from llmswap.tasks.queue.lanes import Queued, TaskLanes, claiming, log_failure, requeue_preempted_task
+from llmswap.tasks.queue.shared import any_queued
 from llmswap.tasks.queue.sql import TaskDb, close_pools, display, is_postgres
 from llmswap.upstream import Dispatcher, UpstreamUnreachable
 from llmswap.upstream.dispatcher import Lease
@@ -318,6 +319,8 @@ class TaskService:
         if model is None:
             await self._claim_and_run(task_type, item)  # fails the row: its type is gone
             return
+        if self.queue_host is not None and not await asyncio.to_thread(any_queued, self.db, task_type):
+            return  # other hosts took (or a user cancelled) every task of the type: no grant to ask for
         while True:
             try:
                 asking = AcquireOptions(

@@ -206,3 +206,36 @@ def test_a_sqlite_file_from_before_the_version_table_is_migrated(tmp_path: Path)
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT version FROM llmswap_schema").fetchall() == [(SCHEMA_VERSION,)]
 
+
+
+def test_a_preempted_attempt_goes_back_only_under_its_own_lease_and_wakes_the_hosts(pg_url: str) -> None:
+    db.init_db(pg_url)
+    task_id, _ = db.insert_task(pg_url, "letters", 1)
+    holder = Claims(pg_url, "box1", owner="i1", lease_seconds=30)
+    assert holder.claim("letters", task_id) is not None
+    assert Claims(pg_url, "box2", owner="i2").requeue(task_id, 3) is None  # not its lease: left as it is
+    with psycopg.connect(pg_url, autocommit=True) as listener:
+        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        outcome = holder.requeue(task_id, 3)
+        assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == ["letters"]
+    assert outcome is not None and (outcome.requeued, outcome.preemptions) == (True, 1)
+    again = Claims(pg_url, "box2", owner="i2").claim("letters", 0)
+    assert again is not None and again.id == task_id and again.preemptions == 1
+
+
+def test_a_cancel_wakes_the_hosts_so_they_drop_the_task(pg_url: str) -> None:
+    db.init_db(pg_url)
+    task_id, _ = db.insert_task(pg_url, "letters", 1)
+    with psycopg.connect(pg_url, autocommit=True) as listener:
+        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        assert db.cancel_task(pg_url, task_id)
+        assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == ["letters"]
+    assert not db.cancel_task(pg_url, task_id)
+    assert not shared.any_queued(pg_url, "letters")
+
+
+def test_the_synchronous_library_refuses_a_shared_queue(pg_url: str) -> None:
+    from llmswap.tasks.peregrine.batching import TaskScheduler
+
+    with pytest.raises(ValueError, match="runs on a SQLite file"):
+        TaskScheduler(pg_url)

@@ -377,3 +377,25 @@ def test_client_header_timeout_is_positive_seconds() -> None:
     assert one_error("clientHeaderTimeout: soon\n") == (
         'config.yaml:1: clientHeaderTimeout: must be a number of seconds, got "soon"'
     )
+
+
+def test_tasks_on_postgresql_keep_the_url_and_hide_its_password() -> None:
+    config = load("tasks:\n  db: postgresql://llmswap:s3cret@10.0.0.9:5432/queue\n  host: box1\n"
+                  "  leaseSeconds: 12\n", path="/srv/llmswap/config.yaml")
+    tasks = config.tasks
+    assert tasks is not None
+    assert (tasks.db, tasks.host, tasks.lease_seconds) == (
+        "postgresql://llmswap:s3cret@10.0.0.9:5432/queue", "box1", 12.0)
+    shown = yaml.safe_load(format_config(config))["tasks"]
+    assert shown["db"] == "postgresql://llmswap:***@10.0.0.9:5432/queue"
+    assert (shown["host"], shown["leaseSeconds"]) == ("box1", 12)
+
+
+def test_tasks_host_without_a_shared_queue_and_a_short_lease_are_flagged() -> None:
+    config = load("tasks:\n  host: box1\n", path="/srv/llmswap/config.yaml")
+    assert config.warnings == (
+        "/srv/llmswap/config.yaml:2: tasks.host: not used: a host name matters only in a queue several "
+        "hosts share (tasks.db: postgresql://...)",
+    )
+    assert errors_of("tasks:\n  leaseSeconds: 0.5\n") == [
+        "config.yaml:2: tasks.leaseSeconds: must be >= 1, got 0.5"]
