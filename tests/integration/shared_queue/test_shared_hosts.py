@@ -265,3 +265,28 @@ async def test_a_task_queued_anywhere_wakes_the_host_that_serves_it_without_wait
         body = {"messages": [{"role": "user", "content": "from afar"}], "max_tokens": 4}
         task_id, _ = await asyncio.to_thread(db.insert_task, pg_url, "letters", 0, body, dedupe=False)
         await eventually(lambda: all_done(http, one, [task_id]), within=15, what="the woken host running it")
+
+
+async def test_a_task_cancelled_on_one_host_never_runs_on_the_host_that_holds_it_queued(
+    tmp_path: Path, pg_url: str
+) -> None:
+    box0 = host_config(tmp_path, "box0", pg_url, {}, {"z": demo_model("z")})
+    box1 = host_config(tmp_path, "box1", pg_url, {"letters": "a"}, {"a": demo_model("a", *SLOW)})
+    async with (running_llmswap(box0) as zero, running_llmswap(box1) as one,
+                aiohttp.ClientSession() as http):
+        await eventually(lambda: _joined(http, zero, 2), within=20, what="both hosts joined")
+        ids = [await submit(http, zero, "letters", n) for n in range(4)]
+
+        async def first_running() -> bool:
+            return (await tasks_of(http, zero))[ids[0]]["status"] == "running"
+
+        await eventually(first_running, within=20, what="box1 running the first task")
+        for task_id in ids[2:]:
+            async with http.delete(f"{zero.url}/api/tasks/{task_id}") as response:
+                assert response.status == 200, await response.text()
+        await eventually(lambda: all_done(http, zero, ids), within=30, what="every task finishing")
+        rows = await tasks_of(http, one)
+        answered = await _tokens_generated(http, one) // 4
+    assert [rows[i]["status"] for i in ids] == ["completed", "completed", "failed", "failed"]
+    assert {rows[i]["error"] for i in ids[2:]} == {"cancelled"}
+    assert answered == 2  # the cancelled tasks never reached the model
