@@ -265,11 +265,12 @@ class TaskService:
 
     async def _check_served(self, task_type: str) -> None:
         """A type this host does not run is accepted when a live host of the shared queue runs it."""
-        if self.queue_host is not None:
+        if self.queue_host is not None and not task_type.startswith(BATCH_TYPE_PREFIX):  # the Batch API's own
             await self.queue_host.refresh()
             if self.queue_host.serving(task_type):
                 return
-        known = sorted(set(self.tasks.types) | (self.queue_host.live_types() if self.queue_host else set()))
+        served = self.queue_host.live_types() if self.queue_host is not None else set()
+        known = sorted(set(self.tasks.types) | {t for t in served if not t.startswith(BATCH_TYPE_PREFIX)})
         where = "served by the live hosts" if self.queue_host is not None else "configured"
         raise UnknownTaskType(f"unknown task type {task_type!r} ({where}: {', '.join(known) or 'none'})")
 
@@ -294,8 +295,9 @@ class TaskService:
             pending = self.lanes.pending_ids()
             for row in rows:
                 # A reload may have dropped the row's type while the database was read.
+                # The depth bound is this host's own: rows another host accepted are not refused here.
                 if row.id not in pending and self.lanes.handles(row.task_type):
-                    self.lanes.enqueue(row.id, row.task_type, row.job_id, bounded=False)
+                    self.lanes.enqueue(row.id, row.task_type, row.job_id, bounded=self.queue_host is None)
             if self.queue_host is not None:  # what another host claimed meanwhile leaves the lanes
                 for task_id in before - {row.id for row in rows}:
                     self.lanes.discard(task_id)
