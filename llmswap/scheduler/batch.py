@@ -67,7 +67,6 @@ from llmswap.scheduler.batch_plan import (
     first_latest_start,
     latest_starts,
 )
-from llmswap.scheduler.books import Prepared
 from llmswap.scheduler.core import QueueScheduler
 from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.idle import ClientGaps
@@ -182,19 +181,14 @@ class BatchScheduler(QueueScheduler):
 
     def _place(self, req: HandlerRequest) -> bool:
         """Serve, join, start a swap for, or fail `req`. False: it waits, and its model contends."""
-        prepared = self._prepare(req)
-        if prepared.verdict is not Prepared.DECIDE:
-            return prepared.verdict is Prepared.HANDLED
-        state, running, evict = prepared.state, prepared.running, prepared.evict
-        if evict or self._collides(req.model, evict):
-            return False
-        if state is ProcessState.READY:
-            if req.model in self._making_room or self._preemption.holds(req.model, req):
-                return False
-            self._grant(req, req.model)
-            return True
+        decision = self._decide(req.model, req)
+        placed = self._apply(req, decision)
+        if placed is not None:
+            return placed
+        if decision.evict:
+            return False  # it contends: `_plan` decides whether its model goes next
         detail = f"request #{req.seq} of {req.model}: nothing has to stop for it"
-        self._start_swap(req, (), running, RULE_FREE, detail)
+        self._start_swap(req, (), decision.running, RULE_FREE, detail)
         return True
 
     # ----------------------------------------------------------------------------- planning

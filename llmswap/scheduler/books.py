@@ -30,7 +30,7 @@ from llmswap.config.model import DEFAULT_CONCURRENCY_LIMIT, EMPTY, AdmissionConf
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.admission import Admission, SchedulerStats
 from llmswap.scheduler.deadlines import Deadlines
-from llmswap.scheduler.errors import SchedulerError
+from llmswap.scheduler.errors import ModelNotFound, SchedulerError
 from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.preemption import Preempting
 from llmswap.scheduler.prioritizers import Prioritizer
@@ -41,22 +41,26 @@ from llmswap.scheduler.types import Clock, Effects, HandlerRequest, Swapper
 ANNOUNCED_GRACE = 3.0
 
 
-class Prepared(enum.Enum):
-    """What the checks every placement starts with made of a request."""
+class Place(enum.Enum):
+    """Where a request goes, as `QueueScheduler._decide` sees it now."""
 
-    HANDLED = "handled"  # failed, or joined the swap in progress
-    WAITS = "waits"  # its abandoned swap is still winding down, or its model is being unloaded
-    DECIDE = "decide"  # the policy decides: see the candidate's state and evictions
+    SERVE = "serve"  # its model is ready, free to take it, nothing to evict
+    JOIN = "join"  # a swap to its model is loading: it waits for that one
+    SWAP = "swap"  # its model must be started (evicting `Decision.evict`); the policy says when
+    WAIT = "wait"  # something in its way must end first (`Decision.why`)
+    FAIL = "fail"  # it can never be served here (`Decision.error`)
 
 
 @dataclass(frozen=True)
-class Candidate:
-    """A request after the checks every placement starts with; state, running and evict when DECIDE."""
+class Decision:
+    """What `_decide` makes of a request: pure data, applied by the policy (`_apply`)."""
 
-    verdict: Prepared
-    state: ProcessState = ProcessState.STOPPED
-    running: tuple[str, ...] = ()  # the running set the swapper saw
-    evict: tuple[str, ...] = ()
+    place: Place
+    evict: tuple[str, ...] = ()  # SWAP: what starting its model stops
+    running: tuple[str, ...] = ()  # SWAP: the running set the swapper saw
+    swap: ActiveSwap | None = None  # JOIN: the swap it joins
+    error: SchedulerError | None = None  # FAIL
+    why: str = ""  # WAIT, for the debug log
 
 
 @dataclass
@@ -218,14 +222,55 @@ class SchedulerBooks:
 
     def _would_wait(self, model: str) -> bool:
         """Whether a request for `model` arriving now would wait (queued or joined to a swap)."""
-        if self._effects.model_state(model) is not ProcessState.READY:
+        return self._decide(model).place in (Place.JOIN, Place.SWAP, Place.WAIT)
+
+    def _decide(self, model: str, req: HandlerRequest | None = None) -> Decision:
+        """Where a request for `model` (`req`, when there is one) goes now. Read-only: the one list of
+        conditions that placement (`_apply` and each policy's `_place`), the fast path (`try_grant_now`) and
+        admission (`_would_wait`) share."""
+        state = self._effects.model_state(model)
+        if state is None:
+            return Decision(Place.FAIL, error=ModelNotFound(model))
+        swap = self._active.get(model)
+        if swap is not None:
+            if swap.detached is not None:
+                return Decision(Place.WAIT, why="its abandoned swap is still winding down")
+            return Decision(Place.JOIN, swap=swap)
+        if self._stopping.get(model):
+            return Decision(Place.WAIT, why="it is being unloaded")
+        running = tuple(self._running_set(exclude=model))
+        try:
+            evict = tuple(self._swapper.evictions_for(model, running))
+        except SchedulerError as err:
+            return Decision(Place.FAIL, error=err)
+        if req is not None and self._preemption.holds(model, req):
+            return Decision(Place.WAIT, why="its model is being emptied for a request of higher priority")
+        if self._collides(model, evict):
+            return Decision(Place.WAIT, why="it collides with a swap in progress")
+        if state is ProcessState.READY and not evict:
+            if self._holds(model):
+                return Decision(Place.WAIT, why="its model is making room")
+            return Decision(Place.SERVE)
+        return Decision(Place.SWAP, evict=evict, running=running)
+
+    def _apply(self, req: HandlerRequest, decision: Decision) -> bool | None:
+        """Carry out what every policy does alike: FAIL, JOIN and SERVE (True: `req` is placed) and WAIT
+        (False: it stays queued); None for SWAP, whose when is the policy's."""
+        if decision.place is Place.FAIL:
+            assert decision.error is not None
+            self._fail(req, decision.error)
             return True
-        if model in self._active or self._stopping.get(model) or self._holds(model):
+        if decision.place is Place.JOIN:
+            assert decision.swap is not None
+            self._join(req, decision.swap)
             return True
-        evict = self._evictions(model)
-        if evict is None:
-            return False  # it is answered with CannotFit at once
-        return bool(evict) or self._collides(model, evict)
+        if decision.place is Place.SERVE:
+            self._grant(req, req.model)
+            return True
+        if decision.place is Place.WAIT:
+            self._log.debug("%s: %s waits: %s", self.name, req.model, decision.why)
+            return False
+        return None
 
     def _waiters(self) -> Iterator[HandlerRequest]:
         """Every waiting request: queued, or joined to a swap in progress."""

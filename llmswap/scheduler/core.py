@@ -9,8 +9,9 @@ the rejection counters.
 
 A subclass decides where a request goes (`_accept` for a newcomer, `_drain` whenever something
 that blocked the queue may have changed), may hold a ready model back (`_holds`), and may keep
-timers of its own (`_policy_deadline`, re-examined in `_drain` on every tick). It starts each
-placement with `_prepare` and reads and changes the books only through their interface.
+timers of its own (`_policy_deadline`, re-examined in `_drain` on every tick). Each placement reads
+`_decide` (pure: serve, join, swap, wait or fail), has `_apply` carry out all but a swap, and decides
+when a swap starts; it reads and changes the books only through their interface.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from llmswap.scheduler.admission import (
     REASON_TIMEOUT,
 )
 from llmswap.scheduler.at_once import GrantAtOnce
-from llmswap.scheduler.books import ActiveSwap, Candidate, Prepared
+from llmswap.scheduler.books import ActiveSwap
 from llmswap.scheduler.errors import (
     ConcurrencyLimit,
     ModelNotFound,
@@ -92,24 +93,10 @@ class QueueScheduler(UrgencyMixin, GrantAtOnce, ABC):
             self._effects.grant_error(req, ModelNotFound(req.model))
             return
         self._arrived(req)
-        limit = self._limit(req.model)
-        if self._reserved.get(req.model, 0) + self._effects.inherited_in_flight(req.model) >= limit:
-            self._log.debug("%s: %s is at its concurrency limit (%d)", self.name, req.model, limit)
-            self._reject(req, REASON_CONCURRENCY, ConcurrencyLimit(
-                f"Too many requests: {req.model} already has {limit} requests waiting or running "
-                f"(its concurrencyLimit); retry later",
-                retry_after=retry_after(self._model_slot_wait(req.model)),
-            ))
-            return
-        key_limit = self._admission.key_limit(req.api_key)
-        if key_limit is not None and req.api_key is not None and \
-                self._key_reserved.get(req.api_key, 0) >= key_limit:
-            self._log.debug("%s: an API key is at its maxConcurrent (%d)", self.name, key_limit)
-            self._reject(req, REASON_KEY, ConcurrencyLimit(
-                f"Too many requests for this API key: it already has {key_limit} requests waiting "
-                f"or running (its maxConcurrent in apiKeys); retry later",
-                retry_after=retry_after(self._key_slot_wait(req.api_key)),
-            ))
+        refusal = self._limit_refusal(req)
+        if refusal is not None:
+            self._log.debug("%s: a request for %s is over a concurrency limit", self.name, req.model)
+            self._reject(req, *refusal)
             return
         victim: HandlerRequest | None = None
         if self._would_wait(req.model):
@@ -277,27 +264,25 @@ class QueueScheduler(UrgencyMixin, GrantAtOnce, ABC):
         self._log.info("swap: start %s evict [%s] rule=%s (%s)", req.model, ", ".join(evict), rule, detail)
         self._effects.start_swap(SwapPlan(req.model, evict, rule, request_seq=req.seq, detail=detail))
 
-    def _prepare(self, req: HandlerRequest) -> Candidate:
-        """The checks every placement starts with, the same for every scheduler (see `Prepared`)."""
-        state = self._effects.model_state(req.model)
-        if state is None:
-            self._fail(req, ModelNotFound(req.model))
-            return Candidate(Prepared.HANDLED)
-        swap = self._active.get(req.model)
-        if swap is not None:
-            if swap.detached is not None:
-                return Candidate(Prepared.WAITS)  # its abandoned swap is still winding down
-            self._join(req, swap)
-            return Candidate(Prepared.HANDLED)
-        if self._stopping.get(req.model):
-            return Candidate(Prepared.WAITS)
-        running = self._running_set(exclude=req.model)
-        try:
-            evict = tuple(self._swapper.evictions_for(req.model, running))
-        except SchedulerError as err:
-            self._fail(req, err)
-            return Candidate(Prepared.HANDLED)
-        return Candidate(Prepared.DECIDE, state, tuple(running), evict)
+    def _limit_refusal(self, req: HandlerRequest) -> tuple[str, SchedulerError] | None:
+        """The concurrency limit `req` is over (its model's concurrencyLimit, its API key's maxConcurrent)
+        as a rejection reason and error, or None. Read-only: `on_request` and the fast path share it."""
+        limit = self._limit(req.model)
+        if self._reserved.get(req.model, 0) + self._effects.inherited_in_flight(req.model) >= limit:
+            return REASON_CONCURRENCY, ConcurrencyLimit(
+                f"Too many requests: {req.model} already has {limit} requests waiting or running "
+                f"(its concurrencyLimit); retry later",
+                retry_after=retry_after(self._model_slot_wait(req.model)),
+            )
+        key_limit = self._admission.key_limit(req.api_key)
+        if key_limit is not None and req.api_key is not None and \
+                self._key_reserved.get(req.api_key, 0) >= key_limit:
+            return REASON_KEY, ConcurrencyLimit(
+                f"Too many requests for this API key: it already has {key_limit} requests waiting "
+                f"or running (its maxConcurrent in apiKeys); retry later",
+                retry_after=retry_after(self._key_slot_wait(req.api_key)),
+            )
+        return None
 
     def _abort_unwanted_swaps(self) -> None:
         """Abort loads that nobody waits for any more once they stand in a queued request's way."""

@@ -24,8 +24,6 @@ Where our asyncio contracts differ from llama-swap's Go (on purpose):
 
 from __future__ import annotations
 
-from llmswap.process.state import ProcessState
-from llmswap.scheduler.books import Prepared
 from llmswap.scheduler.core import QueueScheduler
 from llmswap.scheduler.types import HandlerRequest
 
@@ -64,19 +62,11 @@ class FifoScheduler(QueueScheduler):
 
     def _place(self, req: HandlerRequest, rule: str) -> bool:
         """Serve, join, start a swap for, or fail `req`. False: it must wait in the queue."""
-        prepared = self._prepare(req)
-        if prepared.verdict is not Prepared.DECIDE:
-            return prepared.verdict is Prepared.HANDLED
-        state, running, evict = prepared.state, prepared.running, prepared.evict
-        if self._preemption.holds(req.model, req):
-            return False  # issue 16: its model is being emptied for a higher-priority request
-        collides = self._collides(req.model, evict)
-        if state is ProcessState.READY and not evict and not collides:
-            self._grant(req, req.model)
-            return True
-        if collides:
-            self._log.debug("%s: %s waits: it collides with a swap in progress", self.name, req.model)
-            return False
+        decision = self._decide(req.model, req)
+        placed = self._apply(req, decision)
+        if placed is not None:
+            return placed
+        evict, running = decision.evict, decision.running
         if any(self._unloading(m) for m in evict):
             self._log.debug("%s: %s waits: it would evict a model being unloaded", self.name, req.model)
             return False
