@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmswap.scheduler.books import Place, SchedulerBooks
-from llmswap.scheduler.errors import SchedulerError
 from llmswap.scheduler.types import HandlerRequest
 
 
@@ -22,7 +21,7 @@ class GrantAtOnce(SchedulerBooks):
 
     if TYPE_CHECKING:  # QueueScheduler's (llmswap.scheduler.core)
         def _arrived(self, req: HandlerRequest) -> None: ...
-        def _limit_refusal(self, req: HandlerRequest) -> tuple[str, SchedulerError] | None: ...
+        def _limit_refusal(self, req: HandlerRequest) -> object | None: ...
 
     def try_grant_now(self, req: HandlerRequest) -> bool:
         """Grant `req` here and now when `on_request` would grant it at once and change nothing else.

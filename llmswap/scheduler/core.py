@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from llmswap.scheduler.admission import (
     REASON_CONCURRENCY,
@@ -51,6 +52,21 @@ from llmswap.scheduler.types import (
     Unload,
 )
 from llmswap.scheduler.urgency import UrgencyMixin
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """`_admit`'s yes; `victim`: the waiting request it sheds to make room, if any."""
+
+    victim: HandlerRequest | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """`_admit`'s no: the rejection counter's reason and the error the client gets."""
+
+    reason: str
+    error: SchedulerError
 
 
 class QueueScheduler(UrgencyMixin, GrantAtOnce, ABC):
@@ -93,18 +109,12 @@ class QueueScheduler(UrgencyMixin, GrantAtOnce, ABC):
             self._effects.grant_error(req, ModelNotFound(req.model))
             return
         self._arrived(req)
-        refusal = self._limit_refusal(req)
-        if refusal is not None:
-            self._log.debug("%s: a request for %s is over a concurrency limit", self.name, req.model)
-            self._reject(req, *refusal)
+        admission = self._admit(req)
+        if isinstance(admission, Refused):
+            self._log.debug("%s: a request for %s is refused: %s", self.name, req.model, admission.reason)
+            self._reject(req, admission.reason, admission.error)
             return
-        victim: HandlerRequest | None = None
-        if self._would_wait(req.model):
-            verdict = self._admission.verdict(req, list(self._waiters()), self._rank)
-            if not verdict.admit:
-                self._reject(req, *self._queue_full(req, verdict.scope, verdict.bound, verdict.waiting))
-                return
-            victim = verdict.victim
+        victim = admission.victim
         self._reserve(req)
         if not self._effects.admit(req):
             self._release(req)  # the client left before admission
@@ -264,24 +274,37 @@ class QueueScheduler(UrgencyMixin, GrantAtOnce, ABC):
         self._log.info("swap: start %s evict [%s] rule=%s (%s)", req.model, ", ".join(evict), rule, detail)
         self._effects.start_swap(SwapPlan(req.model, evict, rule, request_seq=req.seq, detail=detail))
 
-    def _limit_refusal(self, req: HandlerRequest) -> tuple[str, SchedulerError] | None:
-        """The concurrency limit `req` is over (its model's concurrencyLimit, its API key's maxConcurrent)
-        as a rejection reason and error, or None. Read-only: `on_request` and the fast path share it."""
+    def _admit(self, req: HandlerRequest) -> Admitted | Refused:
+        """Whether `req` is taken, and whom it sheds (`admission.policy: shed-lowest`): within the concurrency
+        limits and, when it would wait, within the queue bounds. Read-only; `on_request` applies it."""
+        refused = self._limit_refusal(req)
+        if refused is not None:
+            return refused
+        if not self._would_wait(req.model):
+            return Admitted()
+        verdict = self._admission.verdict(req, list(self._waiters()), self._rank)
+        if not verdict.admit:
+            return Refused(*self._queue_full(req, verdict.scope, verdict.bound, verdict.waiting))
+        return Admitted(verdict.victim)
+
+    def _limit_refusal(self, req: HandlerRequest) -> Refused | None:
+        """The concurrency limit `req` is over (its model's concurrencyLimit, its API key's maxConcurrent),
+        or None. Read-only: `_admit` and the fast path share it."""
         limit = self._limit(req.model)
         if self._reserved.get(req.model, 0) + self._effects.inherited_in_flight(req.model) >= limit:
-            return REASON_CONCURRENCY, ConcurrencyLimit(
+            return Refused(REASON_CONCURRENCY, ConcurrencyLimit(
                 f"Too many requests: {req.model} already has {limit} requests waiting or running "
                 f"(its concurrencyLimit); retry later",
                 retry_after=retry_after(self._model_slot_wait(req.model)),
-            )
+            ))
         key_limit = self._admission.key_limit(req.api_key)
         if key_limit is not None and req.api_key is not None and \
                 self._key_reserved.get(req.api_key, 0) >= key_limit:
-            return REASON_KEY, ConcurrencyLimit(
+            return Refused(REASON_KEY, ConcurrencyLimit(
                 f"Too many requests for this API key: it already has {key_limit} requests waiting "
                 f"or running (its maxConcurrent in apiKeys); retry later",
                 retry_after=retry_after(self._key_slot_wait(req.api_key)),
-            )
+            ))
         return None
 
     def _abort_unwanted_swaps(self) -> None:

@@ -28,7 +28,7 @@ TaskDb = Path | str
 BUSY_TIMEOUT_MS = 10_000
 POOL_MAX = 8  # connections per URL: worker threads of one llmswap; the database allows 100 by default
 # The key of the advisory lock that `write_transaction` takes on PostgreSQL: writers that check and then
-# write (dedupe, requeue, schema) take turns, as SQLite's BEGIN IMMEDIATE makes them.
+# write (the dedupe of an insert, the schema) take turns, as SQLite's BEGIN IMMEDIATE makes them.
 _WRITE_LOCK = 0x6C6C6D73
 
 
@@ -44,10 +44,6 @@ class Cursor(Protocol):
     def fetchone(self) -> Any: ...
 
     def fetchall(self) -> list[Any]: ...
-
-
-class Connection(Protocol):
-    def execute(self, sql: str, args: Sequence[Any] = ...) -> Cursor: ...
 
 
 def is_postgres(db: TaskDb) -> bool:
