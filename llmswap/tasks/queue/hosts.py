@@ -7,8 +7,10 @@ connection in `LISTEN llmswap_tasks`: a task queued on any host (or sent back) w
 (`wake()`), so no host polls for work; the heartbeat's own re-read of the queue is only the safety net
 for a wake-up lost while the listener reconnected.
 
-Joining waits while another live llmswap holds the same name (the one a `kill -9` left has not timed out
-yet), at most two leases; then the tasks that predecessor held go back to the queue at once.
+Joining creates or migrates the tables (retried while the database cannot be reached, so an llmswap may
+start before its database), and waits while another live llmswap holds the same name (the one a `kill -9`
+left has not timed out yet), at most two leases; then the tasks that predecessor held go back to the queue
+at once.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import secrets
 from collections.abc import Callable, Mapping
 
 from llmswap.tasks.queue import shared
-from llmswap.tasks.queue.db import NOTIFY_CHANNEL
+from llmswap.tasks.queue.db import NOTIFY_CHANNEL, TaskDatabaseError, init_db
 from llmswap.tasks.queue.shared import HostEntry, HostNameTaken
 from llmswap.tasks.queue.sql import display
 
@@ -85,8 +87,13 @@ class QueueHost:
         deadline = asyncio.get_running_loop().time() + 2 * self.lease_seconds + self.interval
         while True:
             try:
+                await asyncio.to_thread(init_db, self.db)  # here, not at start: the database may be away
                 await self._beat()
                 break
+            except TaskDatabaseError as exc:  # made by a newer llmswap: waiting will not help
+                self.failed = str(exc)
+                log.error("tasks: %s; this host runs no tasks from the shared queue", exc)
+                return False
             except HostNameTaken as exc:
                 if asyncio.get_running_loop().time() > deadline:
                     self.failed = str(exc)

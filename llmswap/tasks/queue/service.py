@@ -136,12 +136,12 @@ class TaskService:
     def start(self) -> None:
         """Fail what a crash left running and prepare the database (before any request is served: at
         startup, or inside the reload that adds `tasks:`), then load what was queued and start polling."""
-        init_db(self.db)
         if self.queue_host is not None:
             # Shared: what this host ran before a crash goes back to the queue once it joins (hosts.py).
             self.lanes.set_types(self._all_types(), self.tasks.max_queue_depth)
             self.queue_host.start()
         else:
+            init_db(self.db)
             interrupted = reset_running_tasks(self.db)
             if interrupted:
                 log.warning("tasks: %d task(s) were running when llmswap stopped; marked failed", interrupted)

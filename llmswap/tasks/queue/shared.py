@@ -101,16 +101,17 @@ def register(
             (name, instance, json.dumps(sorted(types)), json.dumps(dict(models), sort_keys=True),
              float(lease_seconds)),
         ).fetchone()
-        if record is None:
-            raise HostNameTaken(
-                f"tasks.host {name!r} is used by another llmswap whose heartbeat is younger than "
-                f"tasks.leaseSeconds ({lease_seconds:g} s): give each host its own tasks.host"
-            )
+        # The leases are this instance's whatever became of the name: they keep their tasks exclusive.
         renewed = conn.execute(
             f"UPDATE background_tasks SET lease_until = {_LEASE}"
             " WHERE status = 'running' AND lease_owner = ?",
             (float(lease_seconds), instance),
         ).rowcount
+        if record is None:
+            raise HostNameTaken(
+                f"tasks.host {name!r} is used by another llmswap whose heartbeat is younger than "
+                f"tasks.leaseSeconds ({lease_seconds:g} s): give each host its own tasks.host"
+            )
     return int(renewed)
 
 

@@ -102,6 +102,7 @@ def connect(db: TaskDb) -> Iterator[Any]:
     """An autocommit connection to `db` (explicit transactions: `write_transaction`), released on exit."""
     if is_postgres(db):
         import psycopg
+        import psycopg.errors
         from psycopg_pool import PoolTimeout
 
         try:
@@ -110,6 +111,11 @@ def connect(db: TaskDb) -> Iterator[Any]:
         except (psycopg.OperationalError, PoolTimeout) as exc:
             raise TaskDatabaseUnavailable(
                 f"the task queue's database {display(db)} cannot be reached: {' '.join(str(exc).split())}"
+            ) from exc
+        except psycopg.errors.UndefinedTable as exc:  # before the first host joined (hosts.py)
+            raise TaskDatabaseUnavailable(
+                f"the task queue's database {display(db)} has no task tables yet: a host makes them when it "
+                "joins"
             ) from exc
         return
     # isolation_level=None: the sqlite3 module must not open transactions behind our back.

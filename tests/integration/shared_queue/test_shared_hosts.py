@@ -290,3 +290,26 @@ async def test_a_task_cancelled_on_one_host_never_runs_on_the_host_that_holds_it
     assert [rows[i]["status"] for i in ids] == ["completed", "completed", "failed", "failed"]
     assert {rows[i]["error"] for i in ids[2:]} == {"cancelled"}
     assert answered == 2  # the cancelled tasks never reached the model
+
+
+async def test_a_host_started_before_its_database_joins_once_the_database_is_up(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    """The database is down when llmswap starts (a fresh database: no tables yet): llmswap serves, answers
+    task requests with 503, and once PostgreSQL is up it makes the tables, joins and runs the queue."""
+    bin_dir = postgres_bin()
+    assert bin_dir is not None
+    with running_cluster(bin_dir) as own:
+        url = own.fresh_database()
+        own.stop()
+        box1 = host_config(tmp_path, "box1", url, {"letters": "a"}, {"a": demo_model("a")}, lease=3)
+        async with running_llmswap(box1) as one, aiohttp.ClientSession() as http:
+            body = {"type": "letters", "params": {"messages": [{"role": "user", "content": "x"}]}}
+            async with http.post(f"{one.url}/api/tasks", json=body) as response:
+                assert response.status == 503, await response.text()
+            own.start()
+            await eventually(lambda: _joined(http, one, 1), within=30,
+                             what="box1 joining once the database is up")
+            task_id = await submit(http, one, "letters", 0)
+            await eventually(lambda: all_done(http, one, [task_id]), within=20, what="the task running")
+            assert (await tasks_of(http, one))[task_id]["status"] == "completed"
