@@ -103,8 +103,11 @@ class QueueHost:
             except Exception as exc:  # the database is not there yet
                 log.warning("tasks: cannot reach the shared queue at %s: %s", display(self.db), exc)
             await asyncio.sleep(self.interval)
-        self._report(await asyncio.to_thread(shared.reap, self.db, self._max_preemptions(),
-                                             predecessor_of=(self.name, self.instance)))
+        try:
+            self._report(await asyncio.to_thread(shared.reap, self.db, self._max_preemptions(),
+                                                 predecessor_of=(self.name, self.instance)))
+        except Exception as exc:  # their leases lapse anyway, and any host's heartbeat reaps them then
+            log.warning("tasks: taking back the tasks of an earlier %s failed: %s", self.name, exc)
         log.info("tasks: host %s joined the shared queue at %s", self.name, display(self.db))
         self.joined.set()
         self._wake()
