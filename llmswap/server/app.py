@@ -60,7 +60,9 @@ def create_app(server_state: ServerState, services: Services | None = None) -> w
     performance_api.setup(app)
     ui.setup(app)
     app.on_startup.append(_start_tasks)
-    app.on_cleanup.append(_stop_tasks)
+    # At shutdown, not cleanup: the task in hand finishes (or goes back to the queue) while the upstream
+    # connections, which cleanup closes, are still there.
+    app.on_shutdown.append(_stop_tasks)
     return app
 
 

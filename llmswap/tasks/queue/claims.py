@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmswap.scheduler.errors import Preempted
-from llmswap.tasks.queue.db import TaskRow, TaskStatus, claim_task, finish_task
+from llmswap.tasks.queue.db import TaskRow, TaskStatus, claim_task, finish_task, release_task
 from llmswap.tasks.queue.preemption import Requeue, requeue_preempted
 from llmswap.tasks.queue.shared import claim as claim_leased
 from llmswap.tasks.queue.sql import TaskDatabaseUnavailable, TaskDb
@@ -59,6 +59,9 @@ class Claims:
     def requeue(self, task_id: int, limit: int) -> Requeue | None:
         return requeue_preempted(self.db, task_id, limit, self.owner)
 
+    def release(self, task_id: int) -> bool:
+        return release_task(self.db, task_id, self.owner)
+
 
 def claiming(
     claims: Claims | TaskDb,
@@ -67,12 +70,13 @@ def claiming(
     max_preemptions: Callable[[], int],
     on_preempted: Callable[[str, Queued, bool], None] | None = None,
     on_claimed: Callable[[int], Any] | None = None,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> Callable[[str, Queued], Awaitable[None]]:
     """Server mode's task runner: claim the row, run it, record the outcome (a failure never stops a lane).
 
     Given a database rather than `Claims`, it claims by id there. `on_claimed(id)` hears of a task
-    claimed in place of the one in hand (shared queue). A preempted attempt did not run: see
-    `requeue_preempted_task`."""
+    claimed in place of the one in hand (shared queue); `stopping()` says the lanes are being shut down. A
+    preempted attempt did not run: see `requeue_preempted_task`."""
     taken = claims if isinstance(claims, Claims) else Claims(claims)
 
     async def run(task_type: str, item: Queued) -> None:
@@ -83,7 +87,8 @@ def claiming(
                 return
             if row.id != item.id and on_claimed is not None:
                 on_claimed(row.id)
-            await _run_claimed(taken, task_type, item, row, run_one, max_preemptions(), on_preempted)
+            await _run_claimed(taken, task_type, item, row, run_one, max_preemptions(), on_preempted,
+                               stopping)
         except TaskDatabaseUnavailable as exc:
             # The row stays as it is (queued; the next read of the queue brings it back); a pause keeps the
             # lane from spinning through its queue while the database is away.
@@ -97,10 +102,22 @@ def claiming(
 
 async def _run_claimed(
     claims: Claims, task_type: str, item: Queued, row: TaskRow, run_one: Callable[[TaskRow], Awaitable[Any]],
-    limit: int, on_preempted: Callable[[str, Queued, bool], None] | None,
+    limit: int, on_preempted: Callable[[str, Queued, bool], None] | None, stopping: Callable[[], bool],
 ) -> None:
     try:
         result = await run_one(row)
+    except asyncio.CancelledError:
+        # A preemption cancels the call too (its lease then raises Preempted, handled by the caller); a
+        # stopping llmswap (`TaskLanes.shutdown`) cancels the lane: that attempt did not finish, and the task
+        # goes back to the queue as it was, for the next start (or another host) to run.
+        if stopping():
+            try:
+                if await asyncio.to_thread(claims.release, row.id):
+                    log.info("task %d (%s) was running as llmswap stopped: back in the queue", row.id,
+                             task_type)
+            except Exception as exc:
+                log.warning("task %d (%s) could not be put back in the queue: %s", row.id, task_type, exc)
+        raise
     except Preempted as exc:
         taken = item if row.id == item.id else Queued(row.id, row.job_id, row.params)
         await requeue_preempted_task(claims, task_type, taken, exc, limit, on_preempted)

@@ -260,6 +260,21 @@ def finish_task(
     return cursor.rowcount == 1
 
 
+def release_task(db_path: TaskDb, task_id: int, owner: str | None = None) -> bool:
+    """running -> queued, its attempt not counted: llmswap stopped it (a graceful stop cancelled the task in
+    hand), not the task's fault. With `owner`, only under that lease. False when it was no longer running."""
+    lease, lease_args = (" AND lease_owner = ?", (owner,)) if owner is not None else ("", ())
+    with connect(db_path) as conn:
+        record = conn.execute(
+            "UPDATE background_tasks SET status = 'queued', started_at = NULL, lease_owner = NULL,"
+            f" lease_until = NULL WHERE id = ? AND status = 'running'{lease} RETURNING task_type",
+            (task_id, *lease_args),
+        ).fetchone()
+        if record is not None:
+            notify(conn, db_path, record[0])
+    return record is not None
+
+
 def fail_unfinished_task(db_path: TaskDb, task_id: int, error: str) -> bool:
     """queued | running -> failed; False when the task had already finished (its outcome stands)."""
     with connect(db_path) as conn:

@@ -129,6 +129,7 @@ class TaskService:
         self._claim_and_run = claiming(
             self.claims, self._run, max_preemptions=lambda: self.tasks.max_preemptions,
             on_preempted=self.lanes.preempted, on_claimed=self.lanes.discard,
+            stopping=lambda: self.lanes.stopping,
         )
 
     # ------------------------------------------------------------------ lifecycle

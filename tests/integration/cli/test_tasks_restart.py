@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.helpers.cli import alive, demo_model, running_llmswap, write_config
+from tests.helpers.cli import alive, demo_model, running_llmswap, stop_with, write_config
 from tests.helpers.wait import eventually
 
 # A 4-token answer takes about half a second: long enough to kill the proxy in the middle of a task.
@@ -125,3 +125,26 @@ async def test_tasks_commands_work_against_the_database_and_a_running_server(tmp
     listing = tasks_cli(config, "list", "--status", "failed").stdout
     assert f"{queued['id']:>6}  failed" in listing and "cancelled" in listing
     await asyncio.sleep(0)
+
+
+async def test_a_graceful_stop_puts_the_task_in_hand_back_in_the_queue(tmp_path: Path) -> None:
+    """SIGTERM while a task runs longer than the stop waits for it: the task is not failed (neither by the
+    upstream connections closing under it nor as "Interrupted by restart"); it is queued again, as it was,
+    for the next start to run."""
+    db = tmp_path / "tasks.sqlite"
+    crawl = ("--tokens-per-second", "1")  # a 20-token answer takes 20 s: longer than the stop waits (5 s)
+    tasks = {"db": str(db), "types": {"letters": {"model": "a"}}}
+    config = write_config(tmp_path / "llmswap.yaml", {"a": demo_model("a", *crawl)}, tasks=tasks)
+    body = {"type": "letters",
+            "params": {"messages": [{"role": "user", "content": "long"}], "max_tokens": 20}}
+    async with running_llmswap(config) as server, aiohttp.ClientSession() as http:
+        async with http.post(f"{server.url}/api/tasks", json=body) as response:
+            task_id = int((await response.json())["id"])
+
+        async def running() -> bool:
+            return rows(db)[task_id]["status"] == "running"
+
+        await eventually(running, within=20, what="the long task running")
+        assert await stop_with(server) == 0
+    row = rows(db)[task_id]
+    assert (row["status"], row["error"], row["started_at"], row["preemptions"]) == ("queued", None, None, 0)

@@ -16,7 +16,7 @@ import aiohttp
 import openai
 
 from llmswap.tasks.queue import db
-from tests.helpers.cli import LlmswapProcess, demo_model, running_llmswap, write_config
+from tests.helpers.cli import LlmswapProcess, demo_model, running_llmswap, stop_with, write_config
 from tests.helpers.postgres import Cluster, postgres_bin, running_cluster
 from tests.helpers.wait import eventually
 
@@ -313,3 +313,32 @@ async def test_a_host_started_before_its_database_joins_once_the_database_is_up(
             task_id = await submit(http, one, "letters", 0)
             await eventually(lambda: all_done(http, one, [task_id]), within=20, what="the task running")
             assert (await tasks_of(http, one))[task_id]["status"] == "completed"
+
+
+async def test_a_host_stopped_with_sigterm_hands_its_running_task_back_at_once(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A graceful stop waits 5 s for the task in hand; one still running then goes back to the queue at
+    once (not after the 60 s lease), its attempt not counted (llmswap stopped it, not the task's fault),
+    and the host leaves the hosts table."""
+    crawl = ("--tokens-per-second", "1")  # a 20-token answer takes 20 s: longer than the stop waits
+    box1 = host_config(tmp_path, "box1", pg_url, {"letters": "a"}, {"a": demo_model("a", *crawl)}, lease=60)
+    box2 = host_config(tmp_path, "box2", pg_url, {"letters": "a"}, {"a": demo_model("a")}, lease=60)
+    async with running_llmswap(box1) as one, aiohttp.ClientSession() as http:
+        body = {"type": "letters", "params": {"messages": [{"role": "user", "content": "long"}],
+                                              "max_tokens": 20}}
+        async with http.post(f"{one.url}/api/tasks", json=body) as response:
+            task_id = int((await response.json())["id"])
+
+        async def running() -> bool:
+            return (await tasks_of(http, one))[task_id]["status"] == "running"
+
+        await eventually(running, within=20, what="box1 running the long task")
+        assert await stop_with(one) == 0
+    async with running_llmswap(box2) as two, aiohttp.ClientSession() as http:
+        await eventually(lambda: all_done(http, two, [task_id]), within=30, what="box2 running it")
+        row = (await tasks_of(http, two))[task_id]
+        async with http.get(f"{two.url}/api/tasks/stats") as response:
+            hosts = [h["name"] for h in (await response.json())["hosts"]]
+    assert (row["status"], row["host"], row["preemptions"]) == ("completed", "box2", 0), row
+    assert hosts == ["box2"]
