@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -399,3 +400,12 @@ def test_tasks_host_without_a_shared_queue_and_a_short_lease_are_flagged() -> No
     )
     assert errors_of("tasks:\n  leaseSeconds: 0.5\n") == [
         "config.yaml:2: tasks.leaseSeconds: must be >= 1, got 0.5"]
+
+
+def test_a_postgresql_url_without_its_driver_is_an_error_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if the extra were not installed
+    assert errors_of("tasks:\n  db: postgresql://llmswap@db/queue\n") == [
+        "config.yaml:2: tasks.db: a PostgreSQL URL needs the psycopg driver, and psycopg is not installed: "
+        "pip install 'llmswap-proxy[postgres]'"]
