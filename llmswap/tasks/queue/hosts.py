@@ -66,10 +66,15 @@ class QueueHost:
         return {t for h in self.live() for t in h.types}
 
     def model_id(self, name: str) -> str | None:
-        """The model id a live host serves under `name` (an id or an alias there), or None."""
-        for host in self.live():
-            if name in host.models:
-                return host.models[name]
+        """The model id a live host serves under `name` (an id or an alias there), or None. Called from a
+        worker thread (a batch being created): on a miss the hosts are read again, a host may have just
+        joined."""
+        for attempt in range(2):
+            for host in self.live():
+                if name in host.models:
+                    return host.models[name]
+            if attempt == 0:
+                self.hosts = shared.hosts(self.db)
         return None
 
     async def refresh(self) -> None:

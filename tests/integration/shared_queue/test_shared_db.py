@@ -58,13 +58,13 @@ def test_two_hosts_racing_for_500_tasks_never_claim_one_twice(pg_url: str) -> No
 def test_a_lapsed_lease_goes_back_to_the_queue_and_its_holder_cannot_record_a_result(pg_url: str) -> None:
     db.init_db(pg_url)
     task_id, _ = db.insert_task(pg_url, "letters", 1, {"n": 1})
-    dead = Claims(pg_url, "box1", owner="box1-a", lease_seconds=1)
+    dead = Claims(pg_url, "box1", owner="box1-a", lease_seconds=3)
     alive = Claims(pg_url, "box2", owner="box2-a", lease_seconds=30)
     assert dead.claim("letters", task_id) is not None
     assert alive.claim("letters", task_id) is None  # held: nobody else takes it
     assert shared.reap(pg_url, 3) == []  # the lease has not run out yet
 
-    time.sleep(1.1)
+    time.sleep(3.1)
     reaped = shared.reap(pg_url, 3)
     assert reaped == [shared.Reaped(task_id, "letters", "box1", requeued=True)]
     again = alive.claim("letters", task_id)
@@ -79,11 +79,11 @@ def test_a_lapsed_lease_goes_back_to_the_queue_and_its_holder_cannot_record_a_re
 def test_a_lease_renewed_by_the_heartbeat_does_not_lapse(pg_url: str) -> None:
     db.init_db(pg_url)
     task_id, _ = db.insert_task(pg_url, "letters", 1)
-    Claims(pg_url, "box1", owner="i1", lease_seconds=1).claim("letters", task_id)
+    Claims(pg_url, "box1", owner="i1", lease_seconds=2).claim("letters", task_id)
     for _ in range(3):
-        time.sleep(0.5)
+        time.sleep(1.0)  # three renewals span 3 s, past the first lease's end
         assert shared.register(pg_url, name="box1", instance="i1", types=["letters"], models={},
-                               lease_seconds=1) == 1
+                               lease_seconds=2) == 1
         assert shared.reap(pg_url, 3) == []
 
 
@@ -104,11 +104,11 @@ def test_past_max_preemptions_a_lapsed_task_fails_naming_the_host(pg_url: str) -
 def test_a_host_name_held_by_a_live_instance_is_refused_until_its_heartbeat_lapses(pg_url: str) -> None:
     db.init_db(pg_url)
     shared.register(pg_url, name="box1", instance="first", types=["letters"], models={"a": "a"},
-                    lease_seconds=1)
+                    lease_seconds=3)
     with pytest.raises(shared.HostNameTaken, match=r"give each host its own tasks\.host"):
-        shared.register(pg_url, name="box1", instance="second", types=[], models={}, lease_seconds=1)
-    time.sleep(1.05)
-    shared.register(pg_url, name="box1", instance="second", types=["research"], models={}, lease_seconds=1)
+        shared.register(pg_url, name="box1", instance="second", types=[], models={}, lease_seconds=3)
+    time.sleep(3.05)
+    shared.register(pg_url, name="box1", instance="second", types=["research"], models={}, lease_seconds=3)
     [entry] = shared.hosts(pg_url)
     assert (entry.name, entry.instance, entry.types) == ("box1", "second", ("research",))
     shared.leave(pg_url, name="box1", instance="first")  # not the holder: nothing happens
