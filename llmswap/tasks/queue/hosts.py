@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from llmswap.tasks.queue import shared
 from llmswap.tasks.queue.db import NOTIFY_CHANNEL, TaskDatabaseError, init_db
 from llmswap.tasks.queue.shared import HostEntry, HostNameTaken
-from llmswap.tasks.queue.sql import display
+from llmswap.tasks.queue.sql import TaskDatabaseUnavailable, display
 
 log = logging.getLogger("llmswap.tasks")
 
@@ -44,11 +44,19 @@ class QueueHost:
         self._served = served
         self._wake = wake
         self.joined = asyncio.Event()
+        self._tables = False  # the tables are made (or migrated) and at this code's version
         self.failed: str | None = None  # why this host could not join (its name is taken)
         self.hosts: list[HostEntry] = []  # every registered host, as the last heartbeat read them
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
+        """Make the tables now if the database answers (the first submission finds them), else when joining
+        (retried); then heartbeat and listen."""
+        try:
+            init_db(self.db)
+            self._tables = True
+        except TaskDatabaseUnavailable as exc:
+            log.warning("tasks: %s; joining the queue once it answers", exc)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._heartbeat(), name="tasks-heartbeat"),
                        loop.create_task(self._listen(), name="tasks-listen")]
@@ -92,7 +100,9 @@ class QueueHost:
         deadline = asyncio.get_running_loop().time() + 2 * self.lease_seconds + self.interval
         while True:
             try:
-                await asyncio.to_thread(init_db, self.db)  # here, not at start: the database may be away
+                if not self._tables:
+                    await asyncio.to_thread(init_db, self.db)
+                    self._tables = True
                 await self._beat()
                 break
             except TaskDatabaseError as exc:  # made by a newer llmswap: waiting will not help

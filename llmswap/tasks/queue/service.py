@@ -45,7 +45,7 @@ from llmswap.tasks.queue.db import (
 from llmswap.tasks.queue.hosts import QueueHost
 from llmswap.tasks.queue.lanes import Queued, TaskLanes, claiming, log_failure, requeue_preempted_task
 from llmswap.tasks.queue.shared import any_queued
-from llmswap.tasks.queue.sql import TaskDatabaseUnavailable, TaskDb, close_pools, display, is_postgres
+from llmswap.tasks.queue.sql import TaskDb, close_pools, display, is_postgres
 from llmswap.upstream import Dispatcher, UpstreamUnreachable
 from llmswap.upstream.dispatcher import Lease
 
@@ -138,11 +138,6 @@ class TaskService:
         """Fail what a crash left running and prepare the database (before any request is served: at
         startup, or inside the reload that adds `tasks:`), then load what was queued and start polling."""
         if self.queue_host is not None:
-            # Shared: the tables now if the database answers, else when the host joins (hosts.py, retried).
-            try:
-                init_db(self.db)
-            except TaskDatabaseUnavailable as exc:
-                log.warning("tasks: %s; joining the queue once it answers", exc)
             self.lanes.set_types(self._all_types(), self.tasks.max_queue_depth)
             self.queue_host.start()
         else:
