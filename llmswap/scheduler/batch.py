@@ -72,6 +72,7 @@ from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.idle import ClientGaps
 from llmswap.scheduler.prioritizers import Prioritizer
 from llmswap.scheduler.types import Clock, Effects, HandlerRequest, Swapper
+from llmswap.scheduler.urgency import reorder
 
 RULE_FREE = "batch.free"  # nothing had to stop for the model: loaded at once
 RULE_IDLE = "batch.idle"  # the models in its way went idle and it was the only one waiting
@@ -122,20 +123,18 @@ class BatchScheduler(QueueScheduler):
     # ----------------------------------------------------------------------------- policy hooks
 
     def _accept(self, req: HandlerRequest) -> None:
-        self._reorder()  # issue 16: lrs keys move with time
-        self._enqueue(req)
+        reorder(self.books)  # issue 16: lrs keys move with time
+        self.books.enqueue(req)
         self._drain()
 
     def _drain(self) -> None:
-        self._reorder()  # issue 16: lrs keys move with time
+        reorder(self.books)  # issue 16: lrs keys move with time
         for _ in range(_MAX_ROUNDS):
             moved = self._serve_round()
             changed = self._plan()
             if not (moved or changed):
                 break
-        self._preempt_blocked()  # issue 16
-        self._publish_positions()
-        self._abort_unwanted_swaps()
+        self._settle()
 
     def _holds(self, model: str) -> bool:
         return model in self._making_room
@@ -144,15 +143,16 @@ class BatchScheduler(QueueScheduler):
         return self._wake
 
     def _arrived(self, req: HandlerRequest) -> None:
-        quiet = not self._in_flight_of(req.model) and not any(w.model == req.model for w in self._waiters())
+        books = self.books
+        quiet = not books.in_flight_of(req.model) and not any(w.model == req.model for w in books.waiters())
         self.gaps.arrived(req.model, self._clock(), quiet=quiet)
         ready = self._effects.model_state(req.model) is ProcessState.READY
-        ready = ready and not self._being_evicted(req.model)
+        ready = ready and not books.being_evicted(req.model)
         self.rates.arrived(req.model, self._clock(), ready=ready, quiet=quiet)
 
     def _loaded(self, model: str, duration: float) -> None:
         self._loaded_at[model] = self._clock()
-        self._announce(model, 0)  # announced for an earlier residency
+        self.books.announce(model, 0)  # announced for an earlier residency
         self.rates.loaded(model, self._clock())
         # Capped at its load: a residency longer than the waiting models' latest start would push them
         # past maxWait + load (the planner may have counted on a shorter one before holding paid).
@@ -162,7 +162,7 @@ class BatchScheduler(QueueScheduler):
             return
         now = self._clock()
         others = [replace(c, budget=None) for c in self._contenders().values() if c.model != model]
-        latest = first_latest_start(others, self.settings.max_wait) - self.times.service_upper(model)
+        latest = first_latest_start(others, self.settings.max_wait) - self.books.times.service_upper(model)
         self._residency[model] = max(0.0, latest - now)
 
     def _finished(self, model: str) -> None:
@@ -177,18 +177,18 @@ class BatchScheduler(QueueScheduler):
 
     def _serve_round(self) -> bool:
         """Serve, join or freely start what can go without evicting anyone; True if anything moved."""
-        return self._place_queued(self._place)
+        return self.books.place_queued(self._place)
 
     def _place(self, req: HandlerRequest) -> bool:
         """Serve, join, start a swap for, or fail `req`. False: it waits, and its model contends."""
-        decision = self._decide(req.model, req)
-        placed = self._apply(req, decision)
+        decision = self.books.decide(req.model, req)
+        placed = self.books.apply(req, decision)
         if placed is not None:
             return placed
         if decision.evict:
             return False  # it contends: `_plan` decides whether its model goes next
         detail = f"request #{req.seq} of {req.model}: nothing has to stop for it"
-        self._start_swap(req, (), decision.running, RULE_FREE, detail)
+        self.books.start_swap(req, (), decision.running, RULE_FREE, detail)
         return True
 
     # ----------------------------------------------------------------------------- planning
@@ -208,11 +208,11 @@ class BatchScheduler(QueueScheduler):
             max_wait = self.settings.max_wait
             ordered = by_deadline(list(contenders.values()), max_wait, now)
             head = ordered[0]
-            evictions = self._evictions(head.model)
+            evictions = self.books.evictions(head.model)
             # None: the swapper says it can never run; the serve round answers such requests first.
             head_evict = evictions or []
             in_use = [v for v in head_evict if not self._idle(v, now)]
-            margin = max((self.times.service_upper(v) for v in in_use), default=0.0)
+            margin = max((self.books.times.service_upper(v) for v in in_use), default=0.0)
             switch_at = latest_starts(ordered, max_wait)[0] - margin
             # Newcomers of the loaded models are turned away ("make room") only under maxWait itself;
             # before that, a contender whose deferral budget ran out goes as soon as its way is free.
@@ -247,7 +247,7 @@ class BatchScheduler(QueueScheduler):
         for c in by_choice(contenders, now, max_wait):
             if not can_go_first(c, contenders, now, max_wait):
                 continue
-            evict = self._evictions(c.model)
+            evict = self.books.evictions(c.model)
             if evict is None:
                 continue
             if self._startable(c.model, evict, now, pressed=False):
@@ -265,14 +265,14 @@ class BatchScheduler(QueueScheduler):
         still serving. Under deadline pressure a victim must only be past its minimum residency
         (or idle); otherwise every victim must be idle.
         """
-        if self._loading(model) or self._unloading(model):
+        if self.books.loading(model) or self.books.unloading(model):
             return False
         if not evict and self._effects.model_state(model) is ProcessState.READY:
             return False  # loaded already: it only waits for its own turn to serve again
-        if self._collides(model, evict):
+        if self.books.collides(model, evict):
             return False
         for v in evict:
-            if self._unloading(v) or self._in_flight_of(v) > 0:
+            if self.books.unloading(v) or self.books.in_flight_of(v) > 0:
                 return False
             if pressed and self._protected(v, now):
                 return False
@@ -282,8 +282,8 @@ class BatchScheduler(QueueScheduler):
 
     def _commit(self, c: Contender, evict: Sequence[str], rule: str, contenders: Mapping[str, Contender],
                 now: float) -> None:
-        req = min((r for r in self._queued() if r.model == c.model), key=self._queue_key)
-        self._dequeue(req)
+        req = min((r for r in self.books.queue if r.model == c.model), key=self.books.queue_key)
+        self.books.dequeue(req)
         queues = ", ".join(
             f"{o.model}={o.depth} (oldest {now - o.oldest:.1f}s)"
             for o in sorted(contenders.values(), key=lambda o: o.model)
@@ -292,30 +292,31 @@ class BatchScheduler(QueueScheduler):
         detail = (f"request #{req.seq} of {c.model} waited {now - req.arrived:.1f}s; queues: {queues}; "
                   f"evict {victims}")
         for victim in evict:
-            self.rates.left(victim, now, window=RETURN_WINDOW * self.times.load(victim))
-        self._start_swap(req, tuple(evict), self._running_set(exclude=c.model), rule, detail)
+            self.rates.left(victim, now, window=RETURN_WINDOW * self.books.times.load(victim))
+        self.books.start_swap(req, tuple(evict), self.books.running_set(exclude=c.model), rule, detail)
         # Its other queued requests join the swap in the next serve round.
 
     def _contenders(self) -> dict[str, Contender]:
         groups: dict[str, list[HandlerRequest]] = {}
-        for req in self._queued():
+        for req in self.books.queue:
             groups.setdefault(req.model, []).append(req)
         return {model: self._contender(model, reqs) for model, reqs in groups.items()}
 
     def _contender(self, model: str, reqs: list[HandlerRequest]) -> Contender:
         top = max(r.priority for r in reqs)
         now = self._clock()
-        within = min(self._prioritizer.key(r, now, self._remaining) for r in reqs if r.priority == top)
+        books = self.books
+        within = min(books.prioritizer.key(r, now, books.remaining) for r in reqs if r.priority == top)
         due = None
-        if self._prioritizer.name != "fcfs":  # under fcfs request deadlines only count when missed
-            work = self.times.load(model) + self.times.service(model)
+        if self.books.prioritizer.name != "fcfs":  # under fcfs request deadlines only count when missed
+            work = self.books.times.load(model) + self.books.times.service(model)
             dues = [r.deadline - work for r in reqs if r.deadline is not None]
             due = min(dues) if dues else None
         return Contender(
             model=model,
             depth=sum(1 + r.backlog for r in reqs),  # a backlog hint counts as requests queued behind it
             oldest=min(r.arrived for r in reqs),
-            model_priority=self._model_priority(model),
+            model_priority=self.books.model_priority(model),
             request_priority=top,
             slot=self._slot(model),
             budget=self._budget(model),
@@ -326,8 +327,8 @@ class BatchScheduler(QueueScheduler):
     def _budget(self, model: str) -> float:
         """How long `model`'s requests may be deferred for the models it would evict: maxWait, scaled
         down to nothing when holding those models saves no load (their traffic is open-loop)."""
-        victims = self._evictions(model) or []
-        if not self._preemption.models().isdisjoint(victims):
+        victims = self.books.evictions(model) or []
+        if not self.books.preemption.models().isdisjoint(victims):
             return 0.0  # issue 16: what is in its way was preempted for it
         now = self._clock()
         closed = max((self._hold_factor(v, now) for v in victims), default=1.0)
@@ -339,24 +340,26 @@ class BatchScheduler(QueueScheduler):
         A model whose clients come back keeps serving them for its minimum residency; one whose
         clients do not goes idle once its queued requests are served and its grace is over.
         """
-        service = self.times.service_upper(model)
+        service = self.books.times.service_upper(model)
         returning = self.gaps.returning(model)
         residency = self.settings.min_residency * self._hold_factor(model, self._clock())
         if_returning = max(residency, service)
         if_not = service + self.gaps.grace(model)
         expected = returning * if_returning + (1 - returning) * min(if_returning, if_not)
-        return self.times.load(model) + expected + service
+        return self.books.times.load(model) + expected + service
 
     # ----------------------------------------------------------------------------- model status
 
     def _hold_factor(self, model: str, now: float) -> float:
         """1 when its last finished request, or one in flight, announced a backlog; else as measured."""
-        announced = self._announced(model) or any(r.backlog for r in self._serving() if r.model == model)
+        books = self.books
+        announced = books.announced(model) or any(r.backlog for r in books.granted if r.model == model)
         return 1.0 if announced else self.rates.hold_factor(model, now)
 
     def _busy(self, model: str) -> bool:  # an announced backlog comes next (maxWait bounds the wait for it)
-        return bool(self._in_flight_of(model) or self._loading(model) or self._queued_for(model)
-                    or self._announced(model))
+        books = self.books
+        return bool(books.in_flight_of(model) or books.loading(model) or books.queued_for(model)
+                    or books.announced(model))
 
     def _idle(self, model: str, now: float) -> bool:
         """Nothing in flight, waiting or announced, not loading, and its last request's grace is over."""
@@ -370,7 +373,7 @@ class BatchScheduler(QueueScheduler):
         loaded_at = self._loaded_at.get(model)
         if loaded_at is None or self._effects.model_state(model) is not ProcessState.READY:
             return False
-        if model in self._preemption.models():
+        if model in self.books.preemption.models():
             return False  # issue 16: preempted for a higher-priority request
         return now < loaded_at + self._residency_of(model, now) and not self._idle(model, now)
 

@@ -8,7 +8,7 @@ serving → wait in the queue; otherwise start a swap. A model whose last reques
 within a few seconds (`ANNOUNCED_GRACE`): the queue keeps arrival order. Swaps whose targets and
 evict sets do not touch each other run in parallel. The queue is re-read, once and in order,
 whenever something that blocked it may have changed. The bookkeeping shared with the batch
-scheduler lives in `llmswap.scheduler.core`.
+scheduler lives in `llmswap.scheduler.core` and the books it holds (`llmswap.scheduler.books`).
 
 Where our asyncio contracts differ from llama-swap's Go (on purpose):
 - Stopping for an unload is asynchronous (`StopDone` follows): until it arrives, the unloaded
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from llmswap.scheduler.core import QueueScheduler
 from llmswap.scheduler.types import HandlerRequest
+from llmswap.scheduler.urgency import preempt_blocked, reorder
 
 RULE_REQUEST = "fifo.request"  # a swap started by the request that just arrived
 RULE_DRAIN = "fifo.drain"  # a swap started by a queued request once it was unblocked
@@ -38,44 +39,41 @@ class FifoScheduler(QueueScheduler):
 
     def _accept(self, req: HandlerRequest) -> None:
         if not self._place(req, RULE_REQUEST):
-            self._reorder()  # issue 16: lrs keys move with time
-            self._enqueue(req)
-            self._preempt_blocked()  # issue 16
-            self._publish_positions()
-            self._abort_unwanted_swaps()
+            reorder(self.books)  # issue 16: lrs keys move with time
+            self.books.enqueue(req)
+            self._settle()
 
     def _may_skip_queue(self, model: str) -> bool:
         # A newcomer is placed before the queue is re-read (`_accept`), so only a queued request of its own
         # model could be overtaken.
-        return not self._queued_for(model)
+        return not self.books.queued_for(model)
 
     def _drain(self) -> None:
         """One pass over the queue, in order; swaps started here are seen by the requests after."""
-        if not self._queued():
-            self._preempt_blocked()  # issue 16: releases holds nobody needs any more
+        if not self.books.queue:
+            preempt_blocked(self.books)  # issue 16: releases holds nobody needs any more
             return
-        self._reorder()  # issue 16: lrs keys move with time
-        self._place_queued(lambda req: self._place(req, RULE_DRAIN))
-        self._preempt_blocked()  # issue 16
-        self._publish_positions()
-        self._abort_unwanted_swaps()
+        reorder(self.books)  # issue 16: lrs keys move with time
+        self.books.place_queued(lambda req: self._place(req, RULE_DRAIN))
+        self._settle()
 
     def _place(self, req: HandlerRequest, rule: str) -> bool:
         """Serve, join, start a swap for, or fail `req`. False: it must wait in the queue."""
-        decision = self._decide(req.model, req)
-        placed = self._apply(req, decision)
+        books = self.books
+        decision = books.decide(req.model, req)
+        placed = books.apply(req, decision)
         if placed is not None:
             return placed
         evict, running = decision.evict, decision.running
-        if any(self._unloading(m) for m in evict):
+        if any(books.unloading(m) for m in evict):
             self._log.debug("%s: %s waits: it would evict a model being unloaded", self.name, req.model)
             return False
-        if any(self._in_flight_of(m) > 0 or self._announced(m) for m in evict):
+        if any(books.in_flight_of(m) > 0 or books.announced(m) for m in evict):
             self._log.debug("%s: %s waits: it would evict a model still serving (or whose client announced "
                             "its next request)", self.name, req.model)
             return False
         waited = self._clock() - req.arrived
         detail = (f"request #{req.seq} waited {waited:.1f}s; running [{', '.join(running)}]; "
-                  f"{len(self._queued())} queued")
-        self._start_swap(req, evict, running, rule, detail)
+                  f"{len(books.queue)} queued")
+        books.start_swap(req, evict, running, rule, detail)
         return True

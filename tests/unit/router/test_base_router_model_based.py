@@ -146,7 +146,7 @@ async def test_random_traffic_keeps_router_consistent(seed: int, routing) -> Non
     assert snapshot.waiting == {}
     assert snapshot.loading == ()
     assert all(p.in_flight == 0 for p in router.processes.values())  # type: ignore[attr-defined]
-    assert router.scheduler._reserved == {}  # type: ignore[attr-defined]
+    assert router.scheduler.books.reserved == {}  # type: ignore[attr-defined]
 
     # Still serving afterwards: the bookkeeping did not strand any model.
     scenario.failing = False

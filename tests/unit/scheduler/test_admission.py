@@ -187,7 +187,7 @@ def test_queue_timeout_answers_waiters_with_503_but_not_requests_being_served(ki
     assert "queueTimeout is 10s" in err.message
     assert w.effects.grants_for(ra)[0].served and w.effects.error_of(ra) is None
     assert w.sched.stats.rejected == {REASON_TIMEOUT: 1}
-    assert w.sched._reserved == {"a": 1}
+    assert w.sched.books.reserved == {"a": 1}
 
 
 def test_queue_timeout_covers_waiters_joined_to_a_swap(kind):
@@ -203,7 +203,7 @@ def test_no_admission_no_timer(kind):
     w.busy_a()
     w.req("a")
     assert w.sched.next_deadline() is None
-    assert not w.sched._admission.configured
+    assert not w.sched.books.admission.configured
 
 
 # ================================================================ Retry-After
@@ -332,10 +332,10 @@ def test_api_key_reservation_ends_on_cancel_error_and_refused_grant(kind):
     w.busy_a()
     queued = w.req("b", api_key="k")
     w.sched.on_cancel(queued)
-    assert w.sched._key_reserved == {}
+    assert w.sched.books.key_reserved == {}
     w.effects.refuse_serve.add("a")
     w.req("a", api_key="k")  # granted, but the client is gone
-    assert w.sched._key_reserved == {}
+    assert w.sched.books.key_reserved == {}
 
 
 def test_concurrency_limit_retry_after_comes_from_measured_service_time(kind):

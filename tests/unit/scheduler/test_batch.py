@@ -93,7 +93,7 @@ class World:
         return self.req(model)
 
     def queued(self) -> list[str]:
-        return [r.model for r in self.sched._queue]
+        return [r.model for r in self.sched.books.queue]
 
 
 # ================================================================ batching
@@ -116,7 +116,7 @@ def test_batch_fifo_would_have_swapped_on_the_same_events():
     w.req("b")
     w.advance(1.0)
     w.serve_done(ra)
-    assert w.sched._in_flight == {} and w.queued() == ["b"]
+    assert w.sched.books.in_flight == {} and w.queued() == ["b"]
     assert w.effects.starts_for("b") == 0  # not idle yet: its client may come back within the grace
 
 
@@ -251,7 +251,7 @@ def test_batch_a_model_making_room_takes_no_new_requests_but_finishes_its_own():
     ra = w.load("a")
     rb = w.req("b")
     w.advance(w.sched.next_deadline() - w.clock.now)
-    assert w.sched._holds("a")
+    assert w.sched.books.holds("a")
     late = w.req("a")
     assert w.effects.is_pending(late) and w.queued() == ["b", "a"]
     assert w.effects.starts_for("b") == 0, "a busy model is never evicted"
@@ -276,13 +276,13 @@ def test_batch_min_residency_prevents_ping_pong():
         active = {"a": ra, "b": rb}
         for _ in range(40):  # both clients come back at once; each answer takes 1 s
             for m, r in list(active.items()):
-                if r in w.sched._granted:
+                if r in w.sched.books.granted:
                     w.advance(1.0)
                     w.serve_done(r)
                     w.advance(THINK)
                     active[m] = w.req(m)
             for m in "ab":
-                if m in w.sched._active:
+                if m in w.sched.books.active:
                     w.advance(LOAD)
                     w.swap_done(m)
         return len(w.effects.starts)
@@ -370,7 +370,7 @@ def test_batch_request_priority_orders_the_queue_within_model_priority():
     low_c = w.req("c", priority=-5)  # e.g. a batch-jobs API key's default
     header_c = w.req("c", priority=7)  # e.g. X-Priority: 7
     plain_b = w.req("b")
-    assert w.sched._queue == [plain_b, header_c, low_c]
+    assert w.sched.books.queue == [plain_b, header_c, low_c]
     assert [w.effects.last_position(r) for r in (plain_b, header_c, low_c)] == [1, 2, 3]
 
 
@@ -418,7 +418,7 @@ def test_batch_requests_join_a_swap_in_progress():
     assert w.effects.starts_for("a") == 1
     w.swap_done("a")
     assert all(w.effects.was_served(r) for r in rs)
-    assert w.sched._in_flight == {"a": 3}
+    assert w.sched.books.in_flight == {"a": 3}
 
 
 def test_batch_in_flight_counts_only_received_grants():
@@ -426,7 +426,7 @@ def test_batch_in_flight_counts_only_received_grants():
     w.effects.refuse_serve.add("a")
     w.req("a")
     w.swap_done("a")
-    assert w.sched._in_flight == {} and w.sched._reserved == {}
+    assert w.sched.books.in_flight == {} and w.sched.books.reserved == {}
     w.req("b")
     assert w.effects.starts_for("b") == 1  # a never served anyone: idle
 
@@ -456,7 +456,7 @@ def test_batch_unload_answers_waiters_and_stops():
     w.sched.on_unload(Unload(("b",), 2.0))
     assert all(isinstance(w.effects.error_of(r), ModelUnloaded) for r in (rb1, rb2))
     assert [s.models for s in w.effects.stops] == [("b",)]
-    assert w.sched._queue == []
+    assert w.sched.books.queue == []
 
 
 def test_batch_shutdown_fails_every_waiter_and_refuses_new_requests():

@@ -61,7 +61,7 @@ class World:
         return r
 
     def queued_models(self) -> list[str]:
-        return [r.model for r in self.sched._queue]
+        return [r.model for r in self.sched.books.queue]
 
     def swap_done(self, model: str, error=None) -> None:
         self.effects.complete_swap(self.sched, model, error)
@@ -86,7 +86,7 @@ def test_fifo_model_not_found():
     assert w.effects.starts == []
     assert isinstance(w.effects.error_of(r), ModelNotFound)
     assert w.effects.admitted == []  # rejected before admission: nothing reserved
-    assert w.sched._reserved == {}
+    assert w.sched.books.reserved == {}
 
 
 def test_fifo_on_demand_start_then_serve():
@@ -113,7 +113,7 @@ def test_fifo_swap_done_error_fails_all_waiters():
     w.swap_done("a", boom)
     assert w.effects.served("a") == 0
     assert [w.effects.error_of(r) for r in rs] == [boom, boom]
-    assert w.sched._reserved == {}
+    assert w.sched.books.reserved == {}
 
 
 def test_fifo_queue_on_eviction_collision():
@@ -189,7 +189,7 @@ def test_fifo_grant_serve_false_does_not_leak_in_flight():
     w.effects.refuse_serve.add("a")  # a's caller is gone by grant time
     w.req("a")
     w.swap_done("a")
-    assert w.sched._in_flight == {}
+    assert w.sched.books.in_flight == {}
     w.req("b")
     assert w.effects.starts_for("b") == 1
 
@@ -200,7 +200,7 @@ def test_fifo_on_shutdown_fails_all_waiters():
     err = ShuttingDown("test is shutting down")
     w.sched.on_shutdown(err)
     assert [w.effects.error_of(r) for r in reqs] == [err] * 5
-    assert w.sched._reserved == {}
+    assert w.sched.books.reserved == {}
 
 
 def test_fifo_on_unload_releases_active_waiters():
@@ -251,13 +251,13 @@ def test_fifo_on_cancel_swap_waiter():
     w = World({"a": STOPPED})
     live = w.req("a")
     cancelled = w.req("a")
-    assert len(w.sched._active["a"].waiters) == 2
+    assert len(w.sched.books.active["a"].waiters) == 2
     w.sched.on_cancel(cancelled)
-    assert len(w.sched._active["a"].waiters) == 1
+    assert len(w.sched.books.active["a"].waiters) == 1
     w.swap_done("a")
     assert w.effects.was_served(live)
     assert w.effects.grants_for(cancelled) == []
-    assert w.sched._in_flight == {"a": 1}
+    assert w.sched.books.in_flight == {"a": 1}
 
 
 def test_fifo_on_cancel_not_present():
@@ -265,8 +265,8 @@ def test_fifo_on_cancel_not_present():
     r = w.req("a")
     w.sched.on_cancel(r)  # already granted: a no-op
     assert w.effects.served("a") == 1
-    assert w.sched._queue == []
-    assert w.sched._reserved == {"a": 1}  # still serving: the reservation ends with ServeDone
+    assert w.sched.books.queue == []
+    assert w.sched.books.reserved == {"a": 1}  # still serving: the reservation ends with ServeDone
 
 
 def test_fifo_concurrency_limit_rejects_over_limit():
@@ -315,7 +315,7 @@ def test_fifo_concurrency_limit_swap_waiters():
     r1, r2, r3 = w.req("a"), w.req("a"), w.req("a")
     assert isinstance(w.effects.error_of(r3), ConcurrencyLimit)
     assert w.effects.starts_for("a") == 1
-    assert w.sched._active["a"].waiters == [r1, r2]
+    assert w.sched.books.active["a"].waiters == [r1, r2]
     w.swap_done("a")
     assert w.effects.served("a") == 2
     assert w.effects.errored("a") == 1
@@ -344,7 +344,7 @@ def test_fifo_concurrency_limit_cancelled_queued_waiter_releases_reservation():
     w.sched.on_cancel(cancelled)
     retry = w.req("a")
     assert retry in w.effects.admitted
-    assert w.sched._queue == [retry]
+    assert w.sched.books.queue == [retry]
 
 
 # ================================================================ our contracts
@@ -354,7 +354,7 @@ def test_fifo_grant_serve_false_releases_the_reservation():
     w = World({"a": READY}, limits={"a": 1})
     w.effects.refuse_serve.add("a")
     w.req("a")
-    assert w.sched._reserved == {} and w.sched._in_flight == {}
+    assert w.sched.books.reserved == {} and w.sched.books.in_flight == {}
     w.effects.refuse_serve.clear()
     again = w.req("a")
     assert w.effects.was_served(again)
@@ -365,12 +365,12 @@ def test_fifo_grant_serve_false_for_one_joined_waiter_counts_only_the_others():
     r1, r2, r3 = w.req("a"), w.req("a"), w.req("a")
     w.effects.gone.add(r2)  # left between joining and the grant, before its cancel arrived
     w.swap_done("a")
-    assert w.sched._in_flight == {"a": 2}
-    assert w.sched._reserved == {"a": 2}
+    assert w.sched.books.in_flight == {"a": 2}
+    assert w.sched.books.reserved == {"a": 2}
     w.sched.on_cancel(r2)  # the late cancel finds nothing to do
     w.effects.finish_serving(w.sched, r1)
     w.effects.finish_serving(w.sched, r3)
-    assert w.sched._in_flight == {} and w.sched._reserved == {}
+    assert w.sched.books.in_flight == {} and w.sched.books.reserved == {}
 
 
 def test_fifo_admit_false_drops_the_request():
@@ -379,7 +379,7 @@ def test_fifo_admit_false_drops_the_request():
     w.effects.gone.add(r)
     w.sched.on_request(r)
     assert w.effects.starts == [] and w.effects.grants == []
-    assert w.sched._reserved == {}
+    assert w.sched.books.reserved == {}
     assert w.effects.was_served(w.req("a")) is False  # a fresh request is admitted and starts a swap
     assert w.effects.starts_for("a") == 1
 
@@ -392,7 +392,7 @@ def test_fifo_cancel_while_queued_moves_the_others_up():
     w.sched.on_cancel(ra)
     assert [w.effects.last_position(r) for r in (rb, rc)] == [1, 2]
     assert w.effects.positions[rb] == [2, 1]
-    assert w.sched._reserved == {"z": 1, "b": 1, "c": 1}
+    assert w.sched.books.reserved == {"z": 1, "b": 1, "c": 1}
 
 
 def test_fifo_positions_are_sent_only_when_they_change():
@@ -414,7 +414,7 @@ def test_fifo_per_request_priority_orders_requests_for_the_same_model_priority()
     normal = w.req("b")
     high = w.req("a", priority=5)
     also_high = w.req("b", priority=5)
-    assert w.sched._queue == [high, also_high, normal, low]
+    assert w.sched.books.queue == [high, also_high, normal, low]
 
 
 def test_fifo_model_priority_outranks_request_priority():
@@ -422,7 +422,7 @@ def test_fifo_model_priority_outranks_request_priority():
     w.req("z")
     urgent_b = w.req("b", priority=100)
     plain_a = w.req("a")
-    assert w.sched._queue == [plain_a, urgent_b]
+    assert w.sched.books.queue == [plain_a, urgent_b]
 
 
 def test_fifo_unload_while_loading():
@@ -505,7 +505,7 @@ def test_fifo_unload_keeps_in_flight_counts_for_their_serve_done():
     w = World({"a": READY, "b": STOPPED}, {"b": ["a"]})
     ra = w.req("a")
     w.sched.on_unload(Unload(("a",), None))
-    assert w.sched._in_flight == {"a": 1}
+    assert w.sched.books.in_flight == {"a": 1}
     w.effects.complete_stop(w.sched)
     rb = w.req("b")  # a is stopped but its killed request has not posted ServeDone yet
     assert w.effects.starts_for("b") == 0
@@ -523,7 +523,7 @@ def test_fifo_abort_unwanted_load():
     assert w.effects.starts_for("b") == 0  # a's swap has not reported yet
 
     ra2 = w.req("a")  # must not join the aborted swap: it would inherit its error
-    assert w.sched._active["a"].waiters == []
+    assert w.sched.books.active["a"].waiters == []
     w.swap_done("a", SwapFailed("loading a was aborted"))
     assert w.effects.errored() == 0
     # Drained in order: b (arrived first) starts, evicting a; a's new request waits behind it.
@@ -542,8 +542,8 @@ def test_fifo_no_abort_when_no_queued_request_needs_it():
     assert w.effects.aborts == []
     w.swap_done("a")  # it kept loading; nobody to serve
     assert w.effects.grants_for(ra) == []
-    assert w.sched._in_flight == {}
-    assert "a" not in w.sched._active
+    assert w.sched.books.in_flight == {}
+    assert "a" not in w.sched.books.active
 
 
 def test_fifo_abort_when_a_request_arrives_behind_an_unwanted_load():
@@ -599,7 +599,7 @@ def test_fifo_cannot_fit_errors_the_request():
     r = w.req("huge")
     err = w.effects.error_of(r)
     assert isinstance(err, CannotFit) and "80 GiB" in err.message
-    assert w.effects.starts == [] and w.sched._reserved == {}
+    assert w.effects.starts == [] and w.sched.books.reserved == {}
 
 
 def test_fifo_shutdown_refuses_later_requests():
@@ -654,7 +654,7 @@ def test_fifo_serve_done_without_a_grant_is_ignored(caplog):
     w = World({"a": READY})
     with caplog.at_level(logging.WARNING):
         w.sched.on_serve_done(ServeDone("a", w.requests.make("a")))
-    assert w.sched._in_flight == {} and "nothing in flight" in caplog.text
+    assert w.sched.books.in_flight == {} and "nothing in flight" in caplog.text
 
 
 def test_fifo_stop_done_counts_overlapping_unloads():
@@ -676,7 +676,7 @@ def test_fifo_unknown_model_in_the_queue_is_answered_on_drain():
     del w.effects.states["b"]  # the router no longer handles b
     w.swap_done("a")
     assert isinstance(w.effects.error_of(rb), ModelNotFound)
-    assert w.sched._reserved == {"a": 1}
+    assert w.sched.books.reserved == {"a": 1}
 
 
 def test_fifo_snapshot():

@@ -84,8 +84,8 @@ class World:
         extra: tuple[object, ...] = ()
         if isinstance(s, BatchScheduler):
             extra = (s._making_room, repr(vars(s.rates)), repr(vars(s.gaps)))
-        return (s.snapshot(), dict(s._reserved), dict(s._key_reserved),
-                sorted((r.seq, at) for r, at in s._granted.items()), [r.seq for r in s._queue],
+        return (s.snapshot(), dict(s.books.reserved), dict(s.books.key_reserved),
+                sorted((r.seq, at) for r, at in s.books.granted.items()), [r.seq for r in s.books.queue],
                 s.next_deadline(), s.stats.rejected if hasattr(s.stats, "rejected") else None, *extra)
 
 
