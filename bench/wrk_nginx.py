@@ -11,6 +11,10 @@ goes first, so that drift of a shared machine touches both alike: a side's figur
 rounds, the ratio the median of the rounds' own ratios. The rounds take every connection count in turn,
 so the last row (llmswap at 256 connections against its own 64) compares runs minutes apart at most.
 
+At 64 connections each round also runs wrk through a bare aiohttp proxy (`bench.bare_proxy`: aiohttp's server
+and client and nothing else) to the same nginx, and reads the CPU time llmswap and that proxy spent per
+request: what the library costs any proxy built on it, told apart from what llmswap's own work costs.
+
 nginx and wrk are Debian packages: when either is missing the benchmark installs it with apt-get (as root,
 or through sudo without a password) and, if that is not possible, prints one line saying so and exits 0.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -27,10 +32,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.launch import HOST, free_port, running_llmswap, write_config
+import psutil
+
+from bench.launch import HOST, REPO, free_port, running_llmswap, wait_answering, write_config
 from bench.report import Row, markdown_table, ms, per_second, ratio
 from bench.report import machine as describe_machine
 
@@ -105,12 +113,16 @@ http {{
     return conf
 
 
+BARE_AT = 64  # the connection count at which llmswap is also set against a bare aiohttp proxy
+
+
 @dataclass(frozen=True)
 class WrkResult:
     requests_per_second: float
     p50: float  # seconds
     p99: float
     errors: int
+    requests: int = 0  # answered in the run
 
 
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
@@ -133,7 +145,46 @@ def parse_wrk(output: str) -> WrkResult:
     errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", output))
     non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
     errors += int(non_2xx.group(1)) if non_2xx else 0
-    return WrkResult(float(rate.group(1)), _duration(p50.group(1)), _duration(p99.group(1)), errors)
+    count = re.search(r"(\d+) requests in", output)
+    return WrkResult(float(rate.group(1)), _duration(p50.group(1)), _duration(p99.group(1)), errors,
+                     int(count.group(1)) if count else 0)
+
+
+@dataclass(frozen=True)
+class Costed:
+    """One wrk run through a proxy, and the CPU time (user + system) that proxy's process spent in it."""
+
+    wrk: WrkResult
+    cpu: float  # seconds
+
+    @property
+    def cpu_per_request(self) -> float:
+        return self.cpu / self.wrk.requests if self.wrk.requests else 0.0
+
+
+async def costed(pid: int, url: str, connections: int, seconds: float, script: Path) -> Costed:
+    process = psutil.Process(pid)
+    before = process.cpu_times()
+    result = await wrk(url, connections, seconds, script)
+    after = process.cpu_times()
+    return Costed(result, (after.user - before.user) + (after.system - before.system))
+
+
+@contextlib.asynccontextmanager
+async def bare_proxy(upstream: str, folder: Path) -> AsyncIterator[tuple[int, str]]:
+    """`bench.bare_proxy` in front of `upstream`: its pid and its URL, once it answers."""
+    port = free_port()
+    with (folder / "bare_proxy.log").open("wb") as log:
+        process = subprocess.Popen(  # noqa: ASYNC220 (started once, before anything is measured)
+            [sys.executable, "-m", "bench.bare_proxy", str(port), upstream], stdin=subprocess.DEVNULL,
+            stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        url = f"http://{HOST}:{port}"
+        await wait_answering(process, [f"{url}/health"], "bench.bare_proxy")
+        yield process.pid, url
+    finally:
+        process.terminate()
+        process.wait()
 
 
 async def wrk(url: str, connections: int, seconds: float, script: Path) -> WrkResult:
@@ -164,11 +215,14 @@ async def measure(seconds: float, connections: tuple[int, ...], rounds: int = 1)
         }}, preload=[MODEL])
         script = post_script(folder)
         direct_url = f"http://{HOST}:{port}/v1/chat/completions"
-        async with running_llmswap(config, [f"http://{HOST}:{port}/health"]) as server:
+        async with running_llmswap(config, [f"http://{HOST}:{port}/health"]) as server, \
+                bare_proxy(f"http://{HOST}:{port}", folder) as (bare_pid, bare_root):
             proxied_url = f"{server.url}/v1/chat/completions"
-            await wrk(proxied_url, 16, 1, script)  # warm both: pools, caches
-            await wrk(direct_url, 16, 1, script)
+            bare_url = f"{bare_root}/v1/chat/completions"
+            for url in (proxied_url, direct_url, bare_url):
+                await wrk(url, 16, 1, script)  # warm every side: pools, caches
             runs: dict[int, list[Pair]] = {count: [] for count in connections}
+            against_bare: list[tuple[Costed, Costed]] = []
             for round_ in range(rounds):
                 for count in connections:
                     print(f"bench.wrk_nginx: {count} connections, round {round_ + 1} of {rounds}...",
@@ -181,12 +235,41 @@ async def measure(seconds: float, connections: tuple[int, ...], rounds: int = 1)
                         proxied = await wrk(proxied_url, count, seconds, script)
                         direct = await wrk(direct_url, count, seconds, script)
                     runs[count].append(Pair(direct, proxied))
+                    if count == BARE_AT:  # the same alternation: llmswap first in even rounds
+                        if round_ % 2 == 0:
+                            ours = await costed(server.pid, proxied_url, count, seconds, script)
+                            bare = await costed(bare_pid, bare_url, count, seconds, script)
+                        else:
+                            bare = await costed(bare_pid, bare_url, count, seconds, script)
+                            ours = await costed(server.pid, proxied_url, count, seconds, script)
+                        against_bare.append((ours, bare))
     rows: list[Row] = []
     for count in connections:
         rows += rows_for(count, runs[count])
     if 64 in runs and 256 in runs:
         rows.append(more_connections_row(runs[64], runs[256]))
+    if against_bare:
+        rows += bare_rows(against_bare)
     return rows
+
+
+def bare_rows(rounds: list[tuple[Costed, Costed]]) -> list[Row]:
+    """llmswap against the bare aiohttp proxy at `BARE_AT` connections: throughput (the median of the rounds'
+    own ratios) and CPU time per request (each side's median)."""
+    median = statistics.median
+    name = f"wrk, {BARE_AT} connections, against a bare aiohttp proxy"
+    baseline = "bare aiohttp proxy (server + client only)"
+    ours = median([o.wrk.requests_per_second for o, _ in rounds])
+    bare = median([b.wrk.requests_per_second for _, b in rounds])
+    each = [o.wrk.requests_per_second / b.wrk.requests_per_second for o, b in rounds]
+    cpu_ours = median([o.cpu_per_request for o, _ in rounds])
+    cpu_bare = median([b.cpu_per_request for _, b in rounds])
+    return [
+        Row(f"{name}: throughput{_of(len(rounds))}", baseline, per_second(bare, "req"),
+            per_second(ours, "req"), ratio(median(each), 1.0)),
+        Row(f"{name}: CPU per request{_of(len(rounds))}", baseline, f"{cpu_bare * 1e6:.0f} µs",
+            f"{cpu_ours * 1e6:.0f} µs", ratio(cpu_ours, cpu_bare)),
+    ]
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ def test_parse_wrk_reads_rate_percentiles_and_every_error() -> None:
     assert result.p50 == pytest.approx(0.0102)
     assert result.p99 == pytest.approx(1.02)
     assert result.errors == 2 + 3 + 7
+    assert result.requests == 30455
 
 
 def test_parse_wrk_reads_microseconds_and_a_clean_run() -> None:
