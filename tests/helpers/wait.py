@@ -1,6 +1,7 @@
 """Wait for something another process does: poll a condition with a generous deadline, never a bare sleep."""
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable
 
 
@@ -20,3 +21,20 @@ async def eventually(
         if loop.time() > deadline:
             raise AssertionError(f"{what} did not happen within {within} s")
         await asyncio.sleep(interval)
+
+
+async def until(
+    predicate: Callable[[], bool | Awaitable[bool]],
+    *,
+    what: str = "the condition",
+    within: float = 15.0,
+    interval: float = 0.02,
+) -> None:
+    """`eventually` for a predicate that may be plain or async: router state, a counter, or an async check
+    such as an upstream's /props. In-process state changes fast: poll it with a short `interval`."""
+
+    async def check() -> bool:
+        result = predicate()
+        return bool(await result) if inspect.isawaitable(result) else bool(result)
+
+    await eventually(check, within=within, interval=interval, what=what)

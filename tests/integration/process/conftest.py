@@ -12,6 +12,7 @@ import pytest
 from llmswap.config.model import ModelConfig
 from llmswap.process import LogRing, Process, ProcessEvent, shutdown_all
 from tests.helpers.models import WITHIN
+from tests.helpers.wait import until
 
 
 class EventRecorder:
@@ -50,11 +51,7 @@ def is_gone(pid: int) -> bool:
 
 async def poll_until(condition: Callable[[], bool], within: float = WITHIN, interval: float = 0.01) -> None:
     """For state outside our event loop (another process's liveness), where no event can be awaited."""
-    async with asyncio.timeout(within):
-        while True:
-            if condition():
-                return
-            await asyncio.sleep(interval)
+    await until(condition, within=within, interval=interval)
 
 
 async def wait_gone(pid: int, within: float = WITHIN) -> None:

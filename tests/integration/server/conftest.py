@@ -11,7 +11,6 @@ waits for an in-process or async condition (router state, an upstream's /props) 
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -26,7 +25,6 @@ from llmswap.server.app import create_app
 from llmswap.server.http.connections import Runner
 from llmswap.server.services import SERVICES, Services
 from llmswap.server.state import ServerState
-from tests.helpers.wait import eventually
 
 HOST = "127.0.0.1"
 # Handlers still streaming when a test ends get this long before their connections are dropped.
@@ -113,19 +111,6 @@ def _bound_port(runner: web.AppRunner) -> int:
         if isinstance(address, tuple) and len(address) >= 2:
             return int(address[1])
     raise AssertionError(f"the test server is not listening on a TCP port: {runner.addresses}")
-
-
-async def until(
-    predicate: Callable[[], bool | Awaitable[bool]], *, what: str, within: float = 15.0
-) -> None:
-    """Wait for a condition (router state, a counter, or an async check such as an upstream's /props)
-    with a generous bound and a short poll interval."""
-
-    async def check() -> bool:
-        result = predicate()
-        return bool(await result) if inspect.isawaitable(result) else bool(result)
-
-    await eventually(check, within=within, what=what)
 
 
 @pytest.fixture

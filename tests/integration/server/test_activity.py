@@ -16,7 +16,8 @@ import pytest
 from llmswap.config.model import ActivityConfig, ApiKey, TasksConfig, TaskTypeConfig
 from tests.helpers.models import demo_config, exclusive_config
 from tests.helpers.sse import parse_events
-from tests.integration.server.conftest import ServeConfig, Served, until
+from tests.helpers.wait import until
+from tests.integration.server.conftest import ServeConfig, Served
 from tests.integration.server.test_events import events
 from tests.integration.server.test_metrics import get, scrape
 

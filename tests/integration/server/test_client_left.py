@@ -10,7 +10,8 @@ from typing import Any
 import aiohttp
 
 from tests.helpers.models import demo_config, exclusive_config
-from tests.integration.server.conftest import ServeConfig, Served, until
+from tests.helpers.wait import until
+from tests.integration.server.conftest import ServeConfig, Served
 
 MESSAGES = [{"role": "user", "content": "tell me about tokens"}]
 

@@ -19,7 +19,8 @@ from llmswap.server.reload import apply_config
 from llmswap.server.services import Services, build_services
 from llmswap.server.state import ServerState
 from tests.helpers.models import demo_config, exclusive_config
-from tests.integration.server.conftest import ServeConfig, Served, serving, until
+from tests.helpers.wait import until
+from tests.integration.server.conftest import ServeConfig, Served, serving
 
 WITHIN = 15.0
 MESSAGES = [{"role": "user", "content": "hi"}]

@@ -11,7 +11,8 @@ import aiohttp
 from llmswap.process.state import ProcessState
 from tests.helpers.demo import free_port
 from tests.helpers.models import demo_config, exclusive_config
-from tests.integration.server.conftest import ServeConfig, until
+from tests.helpers.wait import until
+from tests.integration.server.conftest import ServeConfig
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

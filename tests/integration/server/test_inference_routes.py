@@ -18,7 +18,8 @@ from llmswap.config.model import ApiKey, Filters
 from llmswap.router import SwapStarted
 from llmswap.server.inference.routes import ROUTES
 from tests.helpers.models import demo_config, exclusive_config
-from tests.integration.server.conftest import ServeConfig, until
+from tests.helpers.wait import until
+from tests.integration.server.conftest import ServeConfig
 
 
 def echo_of(payload: dict[str, Any]) -> dict[str, Any]:

@@ -10,7 +10,8 @@ import aiohttp
 
 from tests.helpers.models import demo_config, exclusive_config
 from tests.helpers.sse import parse_events
-from tests.integration.server.conftest import ServeConfig, Served, until
+from tests.helpers.wait import until
+from tests.integration.server.conftest import ServeConfig, Served
 
 MESSAGES = [{"role": "user", "content": "go"}]
 

@@ -10,7 +10,8 @@ import aiohttp
 
 from llmswap.process.state import ProcessState
 from tests.helpers.models import demo_config, exclusive_config
-from tests.integration.server.conftest import ServeConfig, until
+from tests.helpers.wait import until
+from tests.integration.server.conftest import ServeConfig
 
 
 async def test_loading_by_alias_answers_once_the_model_is_ready(

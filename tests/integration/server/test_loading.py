@@ -15,7 +15,8 @@ import pytest
 from llmswap.server.inference import loading
 from tests.helpers.models import demo_config, exclusive_config
 from tests.helpers.sse import Event, parse_events
-from tests.integration.server.conftest import ServeConfig, until
+from tests.helpers.wait import until
+from tests.integration.server.conftest import ServeConfig
 from tests.integration.server.test_events import events
 
 MESSAGES = [{"role": "user", "content": "hi"}]

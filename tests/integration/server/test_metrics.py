@@ -19,7 +19,8 @@ from llmswap.process.state import ProcessState
 from llmswap.router import build_router
 from llmswap.server.reload import apply_config
 from tests.helpers.models import demo_config, exclusive_config
-from tests.integration.server.conftest import ServeConfig, Served, until
+from tests.helpers.wait import until
+from tests.integration.server.conftest import ServeConfig, Served
 
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]

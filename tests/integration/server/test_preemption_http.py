@@ -10,7 +10,8 @@ import pytest
 
 from llmswap.config.model import ApiKey, Config, SchedulerConfig
 from tests.helpers.models import demo_config, exclusive_config
-from tests.integration.server.conftest import ServeConfig, until
+from tests.helpers.wait import until
+from tests.integration.server.conftest import ServeConfig
 
 
 def preempting_config() -> Config:

@@ -32,7 +32,8 @@ from llmswap.server.inference.selectors import SelectorBook
 from llmswap.server.reload import apply_config
 from tests.helpers.demo import free_port, running_demo
 from tests.helpers.models import demo_config
-from tests.integration.server.conftest import ServeConfig, Served, until
+from tests.helpers.wait import until
+from tests.integration.server.conftest import ServeConfig, Served
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 SLOW = ("--tokens-per-second", "2")  # a streamed answer of 200 tokens stays open until the client leaves

@@ -15,7 +15,8 @@ from llmswap.process.state import ProcessState
 from llmswap.router import SwapStarted
 from tests.helpers.models import demo_config, exclusive_config
 from tests.helpers.sse import parse_events
-from tests.integration.server.conftest import ServeConfig, Served, until
+from tests.helpers.wait import until
+from tests.integration.server.conftest import ServeConfig, Served
 
 LONG = 10_000  # tokens: at the paces below, far longer than any test waits
 

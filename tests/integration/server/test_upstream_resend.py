@@ -17,7 +17,8 @@ import aiohttp
 
 from llmswap.config.model import Config, PeerConfig
 from tests.helpers.scripted_upstream import listening
-from tests.integration.server.conftest import ServeConfig, Served, until
+from tests.helpers.wait import until
+from tests.integration.server.conftest import ServeConfig, Served
 
 CHAT = {"model": "pm", "messages": [{"role": "user", "content": "hi"}]}
 ANSWER = b'{"object": "chat.completion", "choices": []}'

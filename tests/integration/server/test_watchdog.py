@@ -8,7 +8,8 @@ import aiohttp
 
 from llmswap.config.model import Timeouts
 from tests.helpers.models import demo_config, exclusive_config
-from tests.integration.server.conftest import ServeConfig, until
+from tests.helpers.wait import until
+from tests.integration.server.conftest import ServeConfig
 
 
 def chat(max_tokens: int, *, stream: bool) -> dict:

@@ -17,7 +17,7 @@ from llmswap.process.state import ProcessState
 from llmswap.server.inference import websocket
 from tests.helpers.demo import running_demo
 from tests.helpers.models import demo_config, exclusive_config
-from tests.integration.server.conftest import until
+from tests.helpers.wait import until
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -12,6 +13,7 @@ from llmswap.router import AcquireOptions, build_router
 from llmswap.router.base import BaseRouter
 from llmswap.router.types import SwapFinished, SwapStarted
 from llmswap.scheduler.errors import ConcurrencyLimit, ModelNotFound, ModelUnloaded, ShuttingDown, SwapFailed
+from tests.helpers import wait
 from tests.helpers.fake_process import FakeProcess, FakeScript, fake_factory
 
 
@@ -29,14 +31,9 @@ def make_router(cfg: Config, script: FakeScript | None = None) -> tuple[BaseRout
     return router, script
 
 
-async def until(predicate, within: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    """Poll a condition about the router's own state (cheap, in-process) with a generous deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.001)
+async def until(predicate: Callable[[], bool], within: float = 10.0) -> None:
+    """Poll the router's own state (in-process, cheap) every millisecond."""
+    await wait.until(predicate, within=within, interval=0.001)
 
 
 async def settle(router: BaseRouter) -> None:

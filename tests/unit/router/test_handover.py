@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 
@@ -17,6 +18,7 @@ from llmswap.router import AcquireOptions, build_router
 from llmswap.router.base import BaseRouter
 from llmswap.router.handover import adoptable, same_model, successor_router
 from llmswap.scheduler.errors import ConcurrencyLimit
+from tests.helpers import wait
 from tests.helpers.fake_process import FakeProcess, FakeScript, fake_factory
 
 WITHIN = 10.0
@@ -45,13 +47,9 @@ def reload(old: BaseRouter, cfg: Config, script: FakeScript) -> BaseRouter:
     return new
 
 
-async def until(predicate, within: float = WITHIN) -> None:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.001)
+async def until(predicate: Callable[[], bool], within: float = WITHIN) -> None:
+    """Poll the router's own state (in-process, cheap) every millisecond."""
+    await wait.until(predicate, within=within, interval=0.001)
 
 
 async def hold(router: BaseRouter, mid: str, release: asyncio.Event, got: list[object]) -> None:
