@@ -56,7 +56,8 @@ raise SystemExit(run(options, load_config(config_path), event_loop="asyncio"))
 
 class NullRecording:
     """Accepts what the request path tells a recording and keeps nothing, each call as cheap as a call can
-    be (a `__getattr__` fallback would charge the "off" side more than nothing)."""
+    be (a `__getattr__` fallback would charge the "off" side more than nothing). Its methods are
+    `Recording`'s, parameter for parameter (tests/unit/test_bench_recording_off.py keeps them so)."""
 
     __slots__ = ()
     wants_request_body = False
@@ -65,10 +66,14 @@ class NullRecording:
     def request_body(self, body: object) -> None:
         pass
 
-    def waited(self, queue_seconds: object, load_seconds: object = None) -> None:
+    def waited(self, queue_seconds: object, load_seconds: object = None,
+               restore_seconds: object = None) -> None:
         pass
 
     def fail(self, status: object, message: object) -> None:
+        pass
+
+    def client_left(self) -> None:
         pass
 
     def response_headers(self, status: object, headers: object) -> None:
@@ -77,8 +82,16 @@ class NullRecording:
     def chunk(self, data: object) -> None:
         pass
 
-    def finish(self, *args: object, **kwargs: object) -> None:
+    def finish(self, status: object = None, *, content_type: object = None, body: object = None,
+               error: object = None) -> None:
         pass
+
+    def finish_soon(self, status: object = None, *, content_type: object = None, body: object = None,
+                    error: object = None) -> None:
+        pass
+
+    def cached_tokens(self) -> None:
+        return None
 
 
 NULL_RECORDING = NullRecording()
