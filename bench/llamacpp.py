@@ -64,7 +64,11 @@ async def llama_cpp_tokens(tokens: int, rounds: int) -> list[Row]:
         direct = f"http://{HOST}:{port}"
         async with running_llmswap(config, [f"{direct}/health"]) as llmswap:
             timeout = aiohttp.ClientTimeout(total=300)
-            async with aiohttp.ClientSession(timeout=timeout) as http:
+            # A fresh connection per stream, on both sides alike: llama-server closes idle keep-alive
+            # connections on its own schedule, and aiohttp's client does not resend a POST whose pooled
+            # connection the server was closing (a full run failed so once).
+            connector = aiohttp.TCPConnector(force_close=True)
+            async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
                 urls = {"direct": direct, "llmswap": llmswap.url}
                 await alternate(http, urls, {**body, "max_tokens": 8}, rounds=1)  # warm-up
                 timings = await alternate(http, urls, body, rounds)
