@@ -3,6 +3,9 @@
 Random arrivals, client cancellations, admin unloads and failing starts. Checked: every start happens
 with a running set the swapper accepts (no rule violated at any instant), every request ends exactly
 once (served, errored or cancelled), the bookkeeping returns to zero, and nothing deadlocks.
+
+Each scenario runs on a virtual clock (`tests/helpers/virtual_time.py`): its sleeps cost nothing, and the
+interleaving is the seed's alone, the same on every machine (a test below plays one seed twice).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from llmswap.process.state import ProcessState
 from llmswap.router import build_router
 from llmswap.scheduler.errors import SchedulerError
 from tests.helpers.fake_process import FakeScript, fake_factory
+from tests.helpers.virtual_time import run_virtual
 
 MODELS = ("a", "b", "c", "d", "e")
 
@@ -59,11 +63,15 @@ class Scenario:
             stop_delay=0.001,
             on_state=self.check_start,
         )
-        self.router = build_router(self.config, process_factory=fake_factory(self.script))
+        self.loop = asyncio.get_running_loop()
+        self.router = build_router(self.config, process_factory=fake_factory(self.script),
+                                   clock=self.loop.time)
         self.outcomes: Counter[str] = Counter()
         self.ended: Counter[int] = Counter()
+        self.trace: list[tuple[float, str, str]] = []  # (virtual time, model, state) of every change
 
     def check_start(self, model: str, state: ProcessState) -> None:
+        self.trace.append((self.loop.time(), model, state.name))
         if state is not ProcessState.STARTING:
             return
         running = sorted(
@@ -125,11 +133,9 @@ class Scenario:
         await self.router.wait_idle()
 
 
-@pytest.mark.parametrize("routing", [group_routing, matrix_routing], ids=["group", "matrix"])
-@pytest.mark.parametrize("seed", range(8))
-async def test_random_traffic_keeps_router_consistent(seed: int, routing) -> None:  # type: ignore[no-untyped-def]
-    scenario = Scenario(seed, routing())
-    clients = 60
+async def played(seed: int, routing: RouterConfig, clients: int = 60) -> Scenario:
+    """One scenario, checked inside its loop; the scenario returned (its outcomes and trace)."""
+    scenario = Scenario(seed, routing)
     await scenario.run(clients)
     router = scenario.router
 
@@ -154,3 +160,17 @@ async def test_random_traffic_keeps_router_consistent(seed: int, routing) -> Non
         async with router.acquire(model) as process:
             assert process.state is ProcessState.READY
     await router.shutdown()
+    return scenario
+
+
+@pytest.mark.parametrize("routing", [group_routing, matrix_routing], ids=["group", "matrix"])
+@pytest.mark.parametrize("seed", range(8))
+def test_random_traffic_keeps_router_consistent(seed: int, routing) -> None:  # type: ignore[no-untyped-def]
+    run_virtual(played(seed, routing()))
+
+
+@pytest.mark.parametrize("routing", [group_routing, matrix_routing], ids=["group", "matrix"])
+def test_the_same_seed_plays_the_same_traffic_to_the_same_end(routing) -> None:  # type: ignore[no-untyped-def]
+    first, second = run_virtual(played(3, routing())), run_virtual(played(3, routing()))
+    assert first.outcomes == second.outcomes
+    assert len(first.trace) > 20 and first.trace == second.trace
