@@ -69,6 +69,8 @@ class FakeProcess:
             raise FakeStartError(f"[{self.id}] shutdown")
         if self._start is None or self._start.done():
             self._start = asyncio.get_running_loop().create_task(self._do_start())
+            # Its failure is read by whoever still awaits it; when all left (an aborted swap), by nobody.
+            self._start.add_done_callback(lambda task: task.cancelled() or task.exception())
         # Shield: a caller that goes away must not cancel the shared start.
         await asyncio.shield(self._start)
 
