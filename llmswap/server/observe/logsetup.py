@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, TextIO
@@ -215,12 +216,12 @@ def _line_record(name: str, level: int, line: str) -> logging.LogRecord:
     return record
 
 
-class _Installed(logging.Handler):
+class _Installed(logging.Handler, ABC):
     """Marks the handlers this module installed, so configuring again (a reload) replaces them; each also
     takes a line already formatted (`put`, called with the handler's lock held)."""
 
-    def put(self, text: str) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def put(self, text: str) -> None: ...
 
 
 class _Stream(logging.StreamHandler, _Installed):
