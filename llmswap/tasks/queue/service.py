@@ -116,13 +116,13 @@ class TaskService:
         # On a shared (PostgreSQL) queue this host claims under leases once it has joined (`hosts.py`).
         self.queue_host: QueueHost | None = None
         self._wake = asyncio.Event()
-        self.claims = Claims(self.db, self.host)
         if is_postgres(self.db):
             self.queue_host = QueueHost(str(self.db), self.host, lease_seconds=self.tasks.lease_seconds,
                                         max_preemptions=lambda: self.tasks.max_preemptions,
                                         served=self._served, wake=self._wake.set)
-            self.claims = Claims(self.db, self.host, owner=self.queue_host.instance,
-                                 lease_seconds=self.tasks.lease_seconds)
+        owner = self.queue_host.instance if self.queue_host is not None else None
+        self.claims = Claims(self.db, self.host, owner=owner,
+                             lease_seconds=self.tasks.lease_seconds)
         self.lanes = TaskLanes(self.db, self._run_item, max_queue_depth=self.tasks.max_queue_depth,
                                running=self.queue_host is None)
         self.batches = Batches(self)
