@@ -174,8 +174,8 @@ def test_packages_import_only_the_layers_below_them() -> None:
     assert upward_imports(graph, LAYERS) == []
 
 
-def test_no_module_is_over_400_lines() -> None:
-    """One idea a module: past 400 lines a module holds two (the shape ARCHITECTURE.md asks for)."""
+def test_no_module_is_over_600_lines() -> None:
+    """One idea a module: past 600 lines a module holds two (the shape ARCHITECTURE.md asks for)."""
     long = {str(path.relative_to(ROOT.parent)): n for path in ROOT.rglob("*.py")
-            if (n := len(path.read_text().splitlines())) > 400}
+            if (n := len(path.read_text().splitlines())) > 600}
     assert long == {}

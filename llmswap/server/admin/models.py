@@ -26,6 +26,7 @@ from llmswap.scheduler.types import QueueSnapshot
 from llmswap.server.http.connections import cancel_on_hangup
 from llmswap.server.http.errors import error_response, scheduler_error_response
 from llmswap.server.http.middleware import note_model
+from llmswap.server.inference.peer_watch import PEER_WATCH
 from llmswap.server.inference.peers import peer_models
 from llmswap.server.inference.profiles import PROFILES, pin_records
 from llmswap.server.inference.selectors import selector_records
@@ -80,6 +81,15 @@ def model_records(config: Config, running: Mapping[str, ProcessState], created: 
     return records
 
 
+def discovered_records(listed: list[dict[str, Any]], discovered: Mapping[str, list[str]],
+                       created: int) -> list[dict[str, Any]]:
+    """The models only `discover: true` peers define, once each (a request for one is placed among them)."""
+    taken = {record["id"] for record in listed}
+    return [_record(model, "", "", {}, None, "unloaded", {"type": "peer", "peerID": peers[0], "peers": peers},
+                    created)
+            for model, peers in discovered.items() if model not in taken]
+
+
 def _record(
     model_id: str,
     name: str,
@@ -114,6 +124,7 @@ async def list_models(request: web.Request) -> web.Response:
     # Selectors, and the active profile's pins that name nothing else, are listed as llama-swap lists them.
     records += selector_records(server.config, server.router, created)
     records += pin_records(server.config, request.app[PROFILES].active.profile, created)
+    records += discovered_records(records, request.app[PEER_WATCH].discovered(), created)
     records.sort(key=lambda record: record["id"])
     for record in records:
         # Router-specific facts (the vram router's footprint) ride along under llmswap's own key.

@@ -30,6 +30,7 @@ from llmswap.server.inference.placement import (
     Placement,
     local_view,
     place,
+    place_remote,
 )
 from llmswap.server.observe.eventbus import Event
 from llmswap.server.observe.events import FEED
@@ -56,6 +57,22 @@ class PeerWatch:
         for name, view in self.views.items():
             view.fresh = self._connected.get(name, False) and now - self._heard.get(name, 0.0) < STALE_AFTER
         return list(self.views.values())
+
+    def discovered(self) -> dict[str, list[str]]:
+        """The listed models the fresh peers define, each with the peers that define it (sorted)."""
+        found: dict[str, list[str]] = {}
+        for view in self.fresh_views():
+            if view.fresh:
+                for model, seen in view.models.items():
+                    if seen.listed:
+                        found.setdefault(model, []).append(view.name)
+        return {model: sorted(peers) for model, peers in sorted(found.items())}
+
+    def down_for(self, name: str) -> list[str]:
+        """The followed peers that defined `name` (or `<peer>/<model>`) when last heard, now down or stale."""
+        peer, slash, model = name.partition("/")
+        return sorted(view.name for view in self.fresh_views() if not view.fresh and (
+            name in view.models or (slash and view.name == peer and model in view.models)))
 
     def reconcile(self, config: Config) -> None:
         """Follow exactly the config's discover peers (a changed peer is followed anew)."""
@@ -120,7 +137,7 @@ class PeerWatch:
             return
         if kind == "snapshot" and isinstance(data, dict):
             view.models = {m["id"]: ModelView(str(m.get("state", "stopped")), int(m.get("in_flight") or 0),
-                                              int(m.get("waiting") or 0))
+                                              int(m.get("waiting") or 0), not m.get("unlisted"))
                            for m in data.get("models", []) if isinstance(m, dict) and "id" in m}
             view.free_memory = _free_memory(data.get("router_extras"))
             if not self._connected.get(name):
@@ -131,16 +148,17 @@ class PeerWatch:
                 model = status.get("id") if isinstance(status, dict) else None
                 if model in view.models and not status.get("peerID"):
                     old = view.models[model]
-                    view.models[model] = ModelView(str(status.get("state")), old.in_flight, old.waiting)
+                    view.models[model] = ModelView(str(status.get("state")), old.in_flight, old.waiting,
+                                                   old.listed)
         elif kind in ("queue", "processEvent") and isinstance(data, dict) \
                 and data.get("model") in view.models:
             model = data["model"]
             old = view.models[model]
             if kind == "queue":
                 view.models[model] = ModelView(old.state, int(data.get("in_flight") or 0),
-                                               int(data.get("waiting") or 0))
+                                               int(data.get("waiting") or 0), old.listed)
             elif data.get("state"):
-                view.models[model] = ModelView(str(data["state"]), old.in_flight, old.waiting)
+                view.models[model] = ModelView(str(data["state"]), old.in_flight, old.waiting, old.listed)
 
 
 def _free_memory(extras: Any) -> int | None:
@@ -194,6 +212,26 @@ def setup(app: web.Application) -> None:
     app.router.add_get("/api/hosts", hosts)
     app.on_startup.append(start)
     app.on_cleanup.append(stop)
+
+
+def discovered_for(request: web.Request, name: str) -> tuple[Placement, str] | None:
+    """Where a request for `name`, which no model, alias or listed peer model here answers, goes when a fresh
+    discover peer defines it: (placement, the peer's own model name); None when none does, or when the request
+    was forwarded here already (one hop at most). `<peer>/<model>` names one discover peer outright."""
+    watch = request.app[PEER_WATCH]
+    if not watch.views or FORWARDED_HEADER in request.headers:
+        return None
+    views = watch.fresh_views()
+    peer, slash, model = name.partition("/")
+    for view in views:
+        if slash and view.fresh and view.name == peer and model in view.models:
+            return Placement(peer, f"defined on {peer}"), model
+    placed = place_remote(name, views)
+    if placed is None:
+        return None
+    event = {"model": name, "host": placed.host, "reason": placed.reason}
+    request.app[FEED].publish(Event("placement", event))
+    return placed, name
 
 
 def placement_for(request: web.Request, model: str) -> Placement | None:

@@ -28,7 +28,7 @@ from llmswap.server.http.errors import error_response, scheduler_error_response
 from llmswap.server.inference import guardrails
 from llmswap.server.inference.cancel import served
 from llmswap.server.inference.loading import LoadingFeedback, StreamDialect, dialect_for
-from llmswap.server.inference.peer_watch import placement_for
+from llmswap.server.inference.peer_watch import PEER_WATCH, discovered_for, placement_for
 from llmswap.server.inference.peers import forward_to_peer, resolve_peer
 from llmswap.server.inference.profiles import PROFILES
 from llmswap.server.inference.proxy import (
@@ -257,13 +257,28 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
             work = _serve_peer(request, peer[0], peer[1], incoming, recording)
             return await served(request, work, model=found.model, recording=recording,
                                 sse_error=incoming.dialect.error)
+        discovered = discovered_for(request, found.model)
+        if discovered is not None:  # only a discover peer defines it: one hop there, marked as forwarded
+            placed, bare = discovered
+            name = f"{placed.host}/{bare}"
+            middleware.note_placed(request, placed.reason)
+            middleware.note_model(request, name)
+            recording = begin_http(request, model=name, requested=asked_for, req_path=route.upstream_path)
+            work = _serve_peer(request, config.peers[placed.host], bare, incoming, recording, forwarded=True)
+            return await served(request, work, model=name, recording=recording,
+                                sse_error=incoming.dialect.error)
     except ConnectionResetError:
         return _client_left()
     finally:
         # A selector's count covers the request from its choice to the end of its response.
         if lease is not None:
             lease.release()
-    return error_response(request, 404, unknown_model_message(config, found.model))
+    message = unknown_model_message(config, found.model)
+    down = request.app[PEER_WATCH].down_for(found.model)
+    if down:
+        verb = "is" if len(down) == 1 else "are"
+        message += f"; {', '.join(down)} defined it but {verb} down or not answering"
+    return error_response(request, 404, message)
 
 
 async def _serve_local(

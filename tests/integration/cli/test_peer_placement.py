@@ -116,3 +116,40 @@ async def test_a_peer_that_dies_mid_stream_is_skipped_for_the_next_request(tmp_p
             assert await chat(a) == 200
             line = await nth_line(a, 2)
             assert "model=m" in line and "b/m" not in line
+
+
+async def get_model_ids(server: LlmswapProcess) -> list[dict[str, Any]]:
+    async with aiohttp.ClientSession() as http, http.get(f"{server.url}/v1/models") as response:
+        assert response.status == 200
+        return list((await response.json())["data"])
+
+
+async def test_a_model_only_a_discover_peer_defines_is_served_through_it_and_listed_once(
+        tmp_path: Path) -> None:
+    b_config = write_config(tmp_path / "b.yaml", {"q": demo_model("q")})
+    async with running_llmswap(b_config) as b:
+        a_config = write_config(tmp_path / "a.yaml", {"m": demo_model("m")},
+                                peers={"b": {"proxy": b.url, "discover": True}})
+        async with running_llmswap(a_config) as a:
+            await a.wait_for_output("peer b: following its state")
+            listed = [(m["id"], m["meta"]["llamaswap"]) for m in await get_model_ids(a)]
+            assert [entry for entry in listed if entry[0] == "q"] == [
+                ("q", {"type": "peer", "peerID": "b", "peers": ["b"]})]
+            body = {"model": "q", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+            async with aiohttp.ClientSession() as http, http.post(f"{a.url}/v1/chat/completions",
+                                                                   json=body) as response:
+                assert response.status == 200, await response.text()
+            line = await nth_line(a, 1)
+            assert "model=b/q" in line and 'placed="loads on b evicting nothing busy"' in line
+            assert "model=q" in await nth_line(b, 1)  # one hop: b served it itself
+            assert a.upstreams() == {}
+
+            os.kill(b.pid, signal.SIGKILL)
+            await b.process.wait()
+            await a.wait_for_output("peer b: its events stream closed")
+            async with aiohttp.ClientSession() as http, http.post(f"{a.url}/v1/chat/completions",
+                                                                   json=body) as response:
+                assert response.status == 404
+                message = (await response.json())["error"]["message"]
+            assert "'q'" in message and "b defined it but is down or not answering" in message
+            assert "q" not in [m["id"] for m in await get_model_ids(a)]

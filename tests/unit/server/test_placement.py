@@ -47,3 +47,32 @@ def test_a_full_tie_stays_here() -> None:
 def test_a_stale_peer_is_skipped_and_said_so() -> None:
     placed = place("m", host(LOCAL, m=ModelView("stopped")), [host("b", fresh=False, m=ModelView("ready"))])
     assert placed.host == LOCAL and placed.reason.endswith("; b down or stale")
+
+
+def test_a_model_ready_here_stays_here_whatever_a_ready_peer_has_free() -> None:
+    here = host(LOCAL, free=1 * GIB, m=ModelView("ready"))
+    placed = place("m", here, [host("b", free=70 * GIB, m=ModelView("ready"))])
+    assert (placed.host, placed.reason) == (LOCAL, "ready with room on this host")
+
+
+def test_among_ready_peers_the_fewest_in_flight_not_the_most_memory() -> None:
+    here = host(LOCAL, m=ModelView("stopped"), x=ModelView("ready", in_flight=1))
+    peers = [host("b", free=70 * GIB, m=ModelView("ready", in_flight=2)),
+             host("c", free=1 * GIB, m=ModelView("ready"))]
+    assert place("m", here, peers).host == "c"
+
+
+def test_an_idle_host_here_loads_it_rather_than_an_idle_peer_with_more_memory() -> None:
+    here = host(LOCAL, free=1 * GIB, m=ModelView("stopped"))
+    assert place("m", here, [host("b", free=70 * GIB, m=ModelView("stopped"))]).host == LOCAL
+
+
+def test_unknown_free_memory_is_not_zero() -> None:
+    busy = ModelView("ready", in_flight=3)
+    here = host(LOCAL, free=None, m=ModelView("stopped"), x=ModelView("ready", in_flight=1))
+    peers = [host("b", free=70 * GIB, m=ModelView("stopped"), x=busy)]
+    # Memory cannot be compared with a host that does not know its own: fewer in flight decides.
+    assert place("m", here, peers).host == LOCAL
+    # Between hosts that all report it, memory decides before the requests in flight.
+    peers.append(host("c", free=80 * GIB, m=ModelView("stopped"), x=busy))
+    assert place("m", host(LOCAL, free=2 * GIB, m=ModelView("stopped"), x=busy), peers).host == "c"
