@@ -66,8 +66,7 @@ class NullRecording:
     def request_body(self, body: object) -> None:
         pass
 
-    def waited(self, queue_seconds: object, load_seconds: object = None,
-               restore_seconds: object = None) -> None:
+    def waited(self, queue_seconds: object, load_seconds: object = None, phases: object = ()) -> None:
         pass
 
     def fail(self, status: object, message: object) -> None:

@@ -196,6 +196,12 @@ class Simulation:
         done = SwapDone(loading.plan.model, None, self.now - loading.started)
         self._deliver(lambda: self.scheduler.on_swap_done(done))
 
+    def prefetch(self, model: str) -> None:
+        """The simulation models no page cache: a load costs its measured time whatever was read before."""
+
+    def cancel_prefetch(self, model: str) -> None:
+        """See `prefetch`."""
+
     def abort_swap(self, model: str) -> None:
         loading = self._loading.pop(model, None)
         if loading is None:

@@ -18,6 +18,7 @@ from llmswap.activity.tokens import NO_TOKENS, TokenStats
 
 ERROR_TEXT_LIMIT = 500
 NO_METADATA: Mapping[str, str] = MappingProxyType({})
+NO_PHASES: Mapping[str, int] = MappingProxyType({})
 
 
 class ActivityRecord(NamedTuple):
@@ -43,6 +44,9 @@ class ActivityRecord(NamedTuple):
     load_ms: int | None = None  # waiting for a swap this request caused or joined
     ttfb_ms: int | None = None  # arrival → first byte of the answer
     restore_ms: int | None = None  # of load_ms, restoring the model's saved KV cache (kvCache models)
+    # The phases of the swap it waited for, milliseconds each (drain, save, stop, prefetch, start, restore,
+    # wake; a phase of several models summed); empty when it waited for none.
+    phases: Mapping[str, int] = NO_PHASES
 
     def as_dict(self, has_capture: bool = False) -> dict[str, Any]:
         row: dict[str, Any] = {
@@ -63,6 +67,7 @@ class ActivityRecord(NamedTuple):
             "load_ms": self.load_ms,
             "ttfb_ms": self.ttfb_ms,
             "restore_ms": self.restore_ms,
+            "phases_ms": dict(self.phases),
         }
         if self.error_msg:
             row["error_msg"] = self.error_msg

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 from llmswap.activity.captures import Capture, packed, parts_for
-from llmswap.activity.record import NO_METADATA, ActivityRecord, error_message
+from llmswap.activity.record import NO_METADATA, NO_PHASES, ActivityRecord, error_message
 from llmswap.activity.tokens import (
     NO_TOKENS,
     Reported,
@@ -122,6 +122,7 @@ class Recording:
         "_limit",
         "_load_ms",
         "_parts",
+        "_phases",
         "_queue_ms",
         "_raw_response_headers",
         "_read",
@@ -149,6 +150,7 @@ class Recording:
         self._queue_ms: int | None = None
         self._load_ms: int | None = None
         self._restore_ms: int | None = None
+        self._phases: Mapping[str, int] = NO_PHASES
         self._ttfb_ms: int | None = None
         self._status: int | None = None
         self._content_type = ""
@@ -178,12 +180,17 @@ class Recording:
             self._request_body = body if type(body) is bytes else bytes(body)
 
     def waited(self, queue_seconds: float | None, load_seconds: float | None = None,
-               restore_seconds: float | None = None) -> None:
-        """Time spent behind other requests, and waiting for a model load this request caused or joined (of
-        which restoring the model's saved KV cache took `restore_seconds`)."""
+               phases: Sequence[tuple[str, float]] = ()) -> None:
+        """Time spent behind other requests, and waiting for a model load this request caused or joined,
+        with the phases of that swap, (name, seconds) each (its `restore`: the saved KV cache read back)."""
         self._queue_ms = None if queue_seconds is None else int(queue_seconds * 1000)
         self._load_ms = None if load_seconds is None else int(load_seconds * 1000)
-        self._restore_ms = None if restore_seconds is None else int(restore_seconds * 1000)
+        if phases:
+            summed: dict[str, int] = {}
+            for name, seconds in phases:
+                summed[name] = summed.get(name, 0) + int(seconds * 1000)
+            self._phases = summed
+            self._restore_ms = summed.get("restore")
 
     @property
     def answered(self) -> bool:
@@ -325,7 +332,7 @@ class Recording:
             dict(facts.metadata) if facts.metadata else NO_METADATA,  # metadata
             facts.requested_model or facts.model, facts.origin, facts.key_name,  # requested_model...
             self.started, self._queue_ms, self._load_ms, self._ttfb_ms,  # started, queue_ms, load_ms, ttfb_ms
-            self._restore_ms,  # restore_ms
+            self._restore_ms, self._phases,  # restore_ms, phases
         )
         kept = self._kept_parts
         capture = None

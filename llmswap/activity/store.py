@@ -54,7 +54,8 @@ CREATE TABLE IF NOT EXISTS activity (
     queue_ms INTEGER,
     load_ms INTEGER,
     ttfb_ms INTEGER,
-    restore_ms INTEGER
+    restore_ms INTEGER,
+    phases_json TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS activity_time ON activity (ts_created DESC, id DESC);
 CREATE INDEX IF NOT EXISTS activity_model ON activity (model_id, ts_created DESC, id DESC);
@@ -63,10 +64,10 @@ _COLUMNS = (
     "id", "ts_created", "ts_exact", "model_id", "req_path", "resp_content_type", "resp_status_code",
     "cache_tokens", "draft_tokens", "draft_acc_tokens", "input_tokens", "output_tokens", "prompt_per_second",
     "tokens_per_second", "duration_ms", "error_msg", "metadata_json", "requested_model", "origin", "key_name",
-    "started", "queue_ms", "load_ms", "ttfb_ms", "restore_ms",
+    "started", "queue_ms", "load_ms", "ttfb_ms", "restore_ms", "phases_json",
 )
 # Columns later versions added, with their type: a file an older llmswap made gets them on open.
-_ADDED = {"restore_ms": "INTEGER"}
+_ADDED = {"restore_ms": "INTEGER", "phases_json": "TEXT NOT NULL DEFAULT ''"}
 _INSERT = f"INSERT INTO activity ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})"
 
 
@@ -78,7 +79,7 @@ def _row_of(record: ActivityRecord) -> tuple[Any, ...]:
         t.input_tokens, t.output_tokens, t.prompt_per_second, t.tokens_per_second, record.duration_ms,
         record.error_msg, json.dumps(record.metadata) if record.metadata else "", record.requested_model,
         record.origin, record.key_name, record.started, record.queue_ms, record.load_ms, record.ttfb_ms,
-        record.restore_ms,
+        record.restore_ms, json.dumps(record.phases) if record.phases else "",
     )
 
 
@@ -95,6 +96,7 @@ def _record_of(row: tuple[Any, ...]) -> ActivityRecord:
         requested_model=v["requested_model"], origin=v["origin"], key_name=v["key_name"],
         started=v["started"],
         queue_ms=v["queue_ms"], load_ms=v["load_ms"], ttfb_ms=v["ttfb_ms"], restore_ms=v["restore_ms"],
+        phases=json.loads(v["phases_json"]) if v["phases_json"] else {},
     )
 
 

@@ -84,6 +84,7 @@ TOP_LEVEL_KEYS = (
     "performance",
     "kvCache",
     "maxSleeping",
+    "prefetch",
 )
 # llama-swap features llmswap does not have; a llama-swap file carrying them still loads.
 IGNORED_TOP_LEVEL_KEYS = (
@@ -175,9 +176,11 @@ def load_tree(
     global_ttl = root.number("globalTTL", 0.0, minimum=0, accepted="0 (never unload) or seconds")
     unload_timeout = root.number("unloadTimeout", 0.0, minimum=0) or DEFAULT_UNLOAD_TIMEOUT
     send_loading_state = root.flag("sendLoadingState", False)
+    prefetch = root.flag("prefetch", True)
     state_dir = resolve_path(root.text("stateDir").strip() or DEFAULT_STATE_DIR, base_dir)
     kv_cache = read_kv_cache(root, state_dir, base_dir)
-    defaults = ModelDefaults(global_ttl, unload_timeout, health_check_timeout, send_loading_state, kv_cache)
+    defaults = ModelDefaults(global_ttl, unload_timeout, health_check_timeout, send_loading_state, kv_cache,
+                             prefetch)
 
     models = _read_models(root, global_macros, start_port, defaults)
     if written is not None:
@@ -210,6 +213,7 @@ def load_tree(
         log_to_stdout=read_choice(root, "logToStdout", LOG_TO_STDOUT, "proxy"),
         log_time_format=read_log_time_format(root),
         send_loading_state=send_loading_state,
+        prefetch=prefetch,
         include_aliases_in_list=root.flag("includeAliasesInList", False),
         api_keys=read_api_keys(root),
         preload=hooks.preload,

@@ -100,6 +100,7 @@ class ModelConfig:
     filters: Filters = field(default_factory=Filters)
     metadata: Mapping[str, Any] = _no_entries()
     send_loading_state: bool = False  # effective (per-model override or the global value)
+    prefetch: bool = True  # effective: read its files into the page cache while a swap to it drains
     timeouts: Timeouts = field(default_factory=Timeouts)
     ignore_websockets: bool = False  # YAML `compat.ignoreWebsockets`
     capabilities: Capabilities | None = None
@@ -340,6 +341,7 @@ class Config:
     log_to_stdout: str = "proxy"
     log_time_format: str = ""
     send_loading_state: bool = False
+    prefetch: bool = True  # llmswap: YAML `prefetch`, the default of every model's own
     include_aliases_in_list: bool = False
     api_keys: tuple[ApiKey, ...] = ()
     preload: tuple[str, ...] = ()  # hooks.on_startup.preload, resolved to real model ids

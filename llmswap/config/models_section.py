@@ -70,6 +70,7 @@ MODEL_KEYS = (
     "kvCache",
     "sleep",
     "wake",
+    "prefetch",
 )
 
 
@@ -82,6 +83,7 @@ class ModelDefaults:
     health_check_timeout: float
     send_loading_state: bool
     kv_cache: KvCacheSettings
+    prefetch: bool = True
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,7 @@ def read_model(
             filters=read_filters(filters),
             metadata=to_python(fields.mapping("metadata", "a mapping").map),
             send_loading_state=fields.flag("sendLoadingState", defaults.send_loading_state),
+            prefetch=fields.flag("prefetch", defaults.prefetch),
             timeouts=read_timeouts(
                 fields.mapping("timeouts", "a mapping of timeouts in seconds"), Timeouts()
             ),

@@ -124,6 +124,7 @@ def _model(model: ModelConfig) -> dict[str, Any]:
         "healthCheckTimeout": _number(model.health_check_timeout),
         "concurrencyLimit": model.concurrency_limit,
         "sendLoadingState": model.send_loading_state,
+        "prefetch": model.prefetch,
     }
     extra = _pruned(
         {
@@ -250,6 +251,7 @@ def format_config(config: Config, *, warnings: bool = True) -> str:
                     "saveTimeout": _number(config.kv_cache.save_timeout),
                     "restoreTimeout": _number(config.kv_cache.restore_timeout)} if config.kv_cache else None,
         "maxSleeping": config.max_sleeping,
+        "prefetch": config.prefetch,
         "apiKeys": [
             {"key": _redact(key.key), "priority": key.priority, "maxConcurrent": key.max_concurrent,
              **({"deadlineMs": _number(key.deadline_ms)} if key.deadline_ms else {})}

@@ -31,6 +31,8 @@ class DemoOptions:
     sleep_delay: float = 0.0
     wake_delay: float = 0.0
     sleep_residue: int = 0  # bytes of the fake GPU claim kept while asleep (a CUDA context)
+    weights: Path | None = None  # read whole before it is healthy, as a server loads its model
+    mmproj: Path | None = None  # named and never read
 
 
 def _size(text: str) -> int:
@@ -131,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds a POST /sleep takes (default 0)")
     knobs.add_argument("--wake-delay", type=_seconds, default=0.0, metavar="S",
                        help="seconds a POST /wake_up takes (default 0)")
+    knobs.add_argument("--weights", type=Path, metavar="FILE",
+                       help="a file standing for the model's weights: read whole before /health answers 200, "
+                            "as a server loads its model (so a cold page cache makes the start slower)")
+    knobs.add_argument("--mmproj", type=Path, metavar="FILE",
+                       help="a file the command names and the server never reads (as an unused projector)")
     knobs.add_argument("--sleep-residue", type=_size, default=0, metavar="SIZE",
                        help="of --fake-vram, what stays claimed while asleep (a CUDA context; default 0)")
     return parser
@@ -166,4 +173,6 @@ def parse_options(argv: Sequence[str] | None = None) -> DemoOptions:
         sleep_delay=args.sleep_delay,
         wake_delay=args.wake_delay,
         sleep_residue=args.sleep_residue,
+        weights=args.weights,
+        mmproj=args.mmproj,
     )

@@ -26,6 +26,18 @@ class StopCause(enum.Enum):
 
 
 @dataclass(frozen=True)
+class LifeTimes:
+    """Seconds one life of a process spent in each phase its owner waits through (None: not done in it):
+    what `Process.ensure_ready` and `Process.stop` answer, so the router can time a swap phase by phase."""
+
+    start: float | None = None  # spawn to healthy: reading the weights, above all
+    restore: float | None = None  # the saved KV slots back, before the first request
+    wake: float | None = None  # a sleeping server woken instead of a start
+    save: float | None = None  # the KV slots saved, before the stop signal
+    stop: float | None = None  # the stop signal to the child's exit
+
+
+@dataclass(frozen=True)
 class ProcessEvent:
     model: str
     kind: EventKind

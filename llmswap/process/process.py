@@ -30,6 +30,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from llmswap.config.model import ModelConfig
 from llmswap.kvcache.keeper import KvKeeper, KvReport, prepare_kv_dir
@@ -38,7 +39,7 @@ from llmswap.process.child import Child, spawn_child
 from llmswap.process.durations import format_go_duration
 from llmswap.process.ending import terminate
 from llmswap.process.errors import StartAborted, StartFailed
-from llmswap.process.events import ProcessEvent, StopCause
+from llmswap.process.events import LifeTimes, ProcessEvent, StopCause
 from llmswap.process.health import (
     HealthEndpointMissing,
     health_url,
@@ -102,8 +103,9 @@ class Process:
     def in_flight(self) -> int:
         return self._idle.in_flight
 
-    async def ensure_ready(self) -> None:
+    async def ensure_ready(self) -> LifeTimes | None:
         """Return once the upstream is ready, starting it if needed; concurrent callers share one start.
+        Answers what the start (or the wake) took, phase by phase; None when it was ready already.
 
         Raises StartFailed (spawn error, premature exit, health-check timeout, port taken) or StartAborted
         (a stop or the shutdown arrived during the start). Cancelling the caller does not cancel the start.
@@ -122,13 +124,13 @@ class Process:
                 await asyncio.shield(run.done)
                 continue
             if self._state is ProcessState.READY:
-                return
+                return None
             if self._state is ProcessState.SLEEPING:
                 if await asyncio.shield(run.ask("wake")):
-                    return
+                    return LifeTimes(wake=run.times.wake)
                 continue  # the wake failed and the supervisor stops that life: start a fresh one
             await asyncio.shield(run.ready)
-            return
+            return LifeTimes(start=run.times.start, restore=run.times.restore)
 
     async def sleep(self, timeout: float | None = None) -> bool:
         """Put the ready server to sleep (its `sleep:` call) instead of stopping it; True once it sleeps.
@@ -140,11 +142,14 @@ class Process:
         await self.stop(timeout)
         return False
 
-    async def stop(self, timeout: float | None = None) -> None:
-        """Stop the upstream (None: the model's unloadTimeout as grace); aborts a start; no-op if stopped."""
-        if (run := self._run) is not None:
-            run.request_stop(self.config.unload_timeout if timeout is None else timeout, StopCause.REQUESTED)
-            await asyncio.shield(run.done)
+    async def stop(self, timeout: float | None = None) -> LifeTimes | None:
+        """Stop the upstream (None: the model's unloadTimeout as grace); aborts a start; no-op if stopped.
+        Answers what the stop took (its save, its signal to exit); None when nothing was running."""
+        if (run := self._run) is None:
+            return None
+        run.request_stop(self.config.unload_timeout if timeout is None else timeout, StopCause.REQUESTED)
+        await asyncio.shield(run.done)
+        return LifeTimes(save=run.times.save, stop=run.times.stop)
 
     async def shutdown(self, timeout: float = 1.0) -> None:
         """Stop for good: the child is gone when this returns and the process never starts again."""
@@ -220,8 +225,12 @@ class Process:
         spawned = self._clock()
 
         outcome = await self._await_start(run, child, deadline)
+        if outcome is Outcome.READY:
+            run.times = replace(run.times, start=self._clock() - spawned)
         if outcome is Outcome.READY and self._kv is not None:
             self.last_restore = await self._kv.restore()  # before any request is granted to the server
+            if self.last_restore is not None:
+                run.times = replace(run.times, restore=self.last_restore.seconds)
             self._emit_kv(self.last_restore)
         if outcome is Outcome.READY:
             duration = self._clock() - spawned
@@ -301,6 +310,8 @@ class Process:
             if what == "wake":
                 run.request_stop(self.config.unload_timeout, StopCause.REQUESTED)
         else:
+            if what == "wake":
+                run.times = replace(run.times, wake=took)
             self._state = ProcessState.SLEEPING if what == "sleep" else ProcessState.READY
             self.asleep_since = self._clock() if what == "sleep" else None
             self._idle.became_ready(self._clock())
@@ -317,8 +328,12 @@ class Process:
         self._state = ProcessState.STOPPING
         self._emit(ProcessEvent(self.id, "stopping", detail=reason, cause=cause))
         if self._kv is not None and not aborting and not child.exited.done():
+            began = self._clock()
             self._emit_kv(await self._kv.save())
+            run.times = replace(run.times, save=self._clock() - began)
+        signalled = self._clock()
         await self._terminate(run, child)
+        run.times = replace(run.times, stop=self._clock() - signalled)
         run.fail(StartAborted())
         logger.info("[%s] stopped (%s, %s)", self.id, reason, describe_exit(child.returncode))
         return ProcessEvent(self.id, "stopped", exit_code=child.returncode, detail=reason, cause=cause)

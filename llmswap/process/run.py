@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from llmswap.process.child import Child
 from llmswap.process.errors import StartFailed
-from llmswap.process.events import StopCause
+from llmswap.process.events import LifeTimes, StopCause
 
 
 class Outcome(enum.Enum):
@@ -35,6 +35,7 @@ class Run:
         self.task: asyncio.Task[None] | None = None
         # A sleep or a wake asked of the ready or sleeping server, and its outcome (False: it failed).
         self.asked: tuple[Literal["sleep", "wake"], asyncio.Future[bool]] | None = None
+        self.times = LifeTimes()  # this life's phases so far (what `ensure_ready` and `stop` answer)
 
     def ask(self, what: Literal["sleep", "wake"]) -> asyncio.Future[bool]:
         """Ask the supervisor to put the server to sleep or wake it; callers asking the same share one."""

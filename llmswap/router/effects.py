@@ -6,6 +6,13 @@ predecessor shows them), grants and errors (through each request's `Waiter`), th
 (`after_evictions`, a reload's predecessor) and starts the target, then posts `SwapDone`;
 `stop_processes` does the same for an unload with `StopDone`. Routers refine the two hooks (the vram
 router waits for memory and recovers from out-of-memory starts).
+
+A swap is timed here, phase by phase, as it runs (`SwapPhase`): the scheduler says how long it waited for
+its victims' requests to end (`SwapPlan.drain`), each victim's stop says what its save and its stop took,
+the target's start what its start, restore or wake took, and the prefetch of the target's files
+(`llmswap.process.prefetch`, begun by the scheduler during the drain or here as the swap starts) runs beside
+them. `SwapFinished` carries the phases to the observers (metrics, events, activity), once; the requests
+that waited for the swap get them with their grant.
 """
 
 from __future__ import annotations
@@ -14,12 +21,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 import psutil
 
 from llmswap.config.model import Config, ModelConfig
+from llmswap.process.events import LifeTimes
+from llmswap.process.prefetch import Prefetch, PrefetchReport, files_named
 from llmswap.process.state import RUNNING, ProcessState
 from llmswap.router.sleepers import host_allows_sleep, sleepers_to_stop
 from llmswap.router.succession import Succession
@@ -29,8 +38,10 @@ from llmswap.router.types import (
     RouterEvent,
     RouterStats,
     SwapFinished,
+    SwapPhase,
     SwapStarted,
     Waiter,
+    phases_text,
 )
 from llmswap.scheduler.errors import SchedulerError, SwapFailed
 from llmswap.scheduler.estimates import ServiceTimes
@@ -47,6 +58,17 @@ class _Swap:
     starting: bool = False  # past the evictions: cancelling the task now aborts the target's start
     evicted: bool = False  # every victim is stopped
     aborted: bool = False
+    phases: list[SwapPhase] = field(default_factory=list)  # measured so far
+
+
+@dataclass
+class _Prefetching:
+    """A prefetch under way (or just ended) of one model's files."""
+
+    prefetch: Prefetch
+    task: asyncio.Task[PrefetchReport]
+    started: float
+    ended: float | None = None
 
 
 class RouterEffects(Effects):
@@ -65,6 +87,8 @@ class RouterEffects(Effects):
         self._stop_tasks: set[asyncio.Task[None]] = set()
         self._unload_done: asyncio.Future[None] | None = None
         self._loads: dict[str, tuple[float, float]] = {}  # each model's last successful load: (start, ready)
+        self._load_phases: dict[str, tuple[SwapPhase, ...]] = {}  # the phases of each model's last load
+        self._prefetches: dict[str, _Prefetching] = {}
 
     if TYPE_CHECKING:  # provided by BaseRouter: its run loop, its observers, its lifecycle
         def _post(self, event: object) -> None: ...
@@ -104,6 +128,7 @@ class RouterEffects(Effects):
         load = self._loads.get(model)
         if load is not None and load[1] >= req.arrived:  # its model finished loading while it waited
             waiter.load = load[1] - max(load[0], req.arrived)
+            waiter.phases = self._load_phases.get(model, ())
         return True
 
     def grant_error(self, req: HandlerRequest, err: SchedulerError) -> None:
@@ -144,7 +169,51 @@ class RouterEffects(Effects):
         swap = _Swap(plan, self.clock())
         swap.task = asyncio.get_running_loop().create_task(self._do_swap(swap), name=f"swap:{plan.model}")
         self._swaps[plan.model] = swap
+        self.prefetch(plan.model)  # begun during the drain already, or now: it overlaps the stops
         self._notify(SwapStarted(plan))
+
+    def prefetch(self, model: str) -> None:
+        process = self.processes.get(model)
+        if model in self._prefetches or process is None or not process.config.prefetch or \
+                process.state is not ProcessState.STOPPED:
+            return  # under way already, off, or nothing to read (running, or asleep: a wake reads nothing)
+        files = files_named(process.config.cmd)
+        if not files:
+            return
+        job = Prefetch(model, files)
+        task = asyncio.get_running_loop().create_task(job.run(), name=f"prefetch:{model}")
+        running = _Prefetching(job, task, self.clock())
+        self._prefetches[model] = running
+        task.add_done_callback(lambda done: self._prefetched(running, done))
+
+    def cancel_prefetch(self, model: str) -> None:
+        if model not in self._swaps:
+            self._end_prefetch(model)
+
+    def _end_prefetch(self, model: str) -> SwapPhase | None:
+        """Stop `model`'s prefetch, if one runs; its phase (from its start to its end or now), if one ran."""
+        running = self._prefetches.pop(model, None)
+        if running is None:
+            return None
+        if not running.task.done():
+            running.prefetch.cancel()
+            running.task.cancel()
+        ended = running.ended if running.ended is not None else self.clock()
+        return SwapPhase("prefetch", model, ended - running.started)
+
+    def _prefetched(self, running: _Prefetching, task: asyncio.Task[PrefetchReport]) -> None:
+        running.ended = self.clock()
+        if task.cancelled():
+            log.info("[%s] prefetch: cancelled after %.2fs", running.prefetch.model,
+                     running.ended - running.started)
+            return
+        error = task.exception()
+        if error is not None:
+            log.warning("[%s] prefetch failed: %s", running.prefetch.model, error)
+            return
+        report = task.result()
+        log.info("[%s] prefetch: read %d MiB of %d file(s) in %.2fs%s", report.model, report.bytes >> 20,
+                 len(report.read), report.seconds, " (cancelled)" if report.cancelled else "")
 
     def load_progress(self, model: str) -> LoadProgress | None:
         """How far a swap to `model` under way is (None when none is): its time so far against the loads
@@ -166,6 +235,7 @@ class RouterEffects(Effects):
         if swap is None or swap.aborted:
             return
         swap.aborted = True
+        self._end_prefetch(model)
         # Victims being stopped are left to finish (a half-stopped process helps nobody); the swap
         # checks `aborted` before starting its target. Once starting, cancelling aborts the start.
         if swap.starting and swap.task is not None:
@@ -182,9 +252,11 @@ class RouterEffects(Effects):
         started = self.clock()
         error: SchedulerError | None = None
         target = self.processes[plan.model]
+        if plan.drain is not None:
+            swap.phases.extend(SwapPhase("drain", victim, plan.drain) for victim in plan.drained)
         try:
             if plan.evict:
-                await asyncio.gather(*(self._evict(m) for m in plan.evict))
+                await asyncio.gather(*(self._evict(m, swap.phases) for m in plan.evict))
                 await self._trim_sleepers(keep=plan.model)
             swap.evicted = True
             self.succession.progress()
@@ -194,7 +266,8 @@ class RouterEffects(Effects):
             if swap.aborted:
                 raise asyncio.CancelledError
             swap.starting = True
-            await self.start_target(target)
+            times = await self.start_target(target)
+            swap.phases.extend(_phases(plan.model, times, "start", "restore", "wake"))
         except asyncio.CancelledError:
             # Aborted because nobody waits: make sure no half-started child stays behind. (On shutdown,
             # shutdown() itself stops every process.)
@@ -210,21 +283,31 @@ class RouterEffects(Effects):
         if error is None:
             evicted = [m + (" (asleep)" if self.processes[m].state is ProcessState.SLEEPING else "")
                        for m in plan.evict]
-            log.info("swap: %s ready in %.2fs (evicted %s, rule %s)", plan.model, duration,
-                     evicted or "nothing", plan.rule)
+            shown = phases_text((*swap.phases, *self._prefetch_so_far(plan.model)))
+            log.info("swap: %s ready in %.2fs (evicted %s, rule %s; %s)", plan.model, duration,
+                     ", ".join(evicted) or "nothing", plan.rule, shown or "no phase measured")
         else:
             log.warning("swap: %s failed after %.2fs: %s", plan.model, duration, error)
         self._post(SwapDone(plan.model, error, duration))
 
-    async def _evict(self, model: str) -> None:
+    def _prefetch_so_far(self, model: str) -> tuple[SwapPhase, ...]:
+        running = self._prefetches.get(model)
+        if running is None:
+            return ()
+        ended = running.ended if running.ended is not None else self.clock()
+        return (SwapPhase("prefetch", model, ended - running.started),)
+
+    async def _evict(self, model: str, phases: list[SwapPhase]) -> None:
         # llama-swap uses healthCheckTimeout (default 120 s) as the eviction grace; the victim's own
         # unloadTimeout is what users actually configure for "how long may it take to stop".
         await self.succession.before_evict(model)
         process = self.processes[model]
         if self._may_sleep(process.config):
+            began = self.clock()
             await process.sleep(process.config.unload_timeout)  # stops it when it cannot sleep
-        else:
-            await process.stop(process.config.unload_timeout)
+            phases.append(SwapPhase("stop", model, self.clock() - began))  # asleep or stopped: it is gone
+            return
+        phases.extend(_phases(model, await process.stop(process.config.unload_timeout), "save", "stop"))
 
     def _may_sleep(self, model: ModelConfig) -> bool:
         if model.sleep_call is None or self.config.max_sleeping <= 0:
@@ -248,20 +331,23 @@ class RouterEffects(Effects):
     async def after_evictions(self, plan: SwapPlan) -> None:
         """Hook between stopping the victims and starting the target (the vram router waits for memory)."""
 
-    async def start_target(self, process: ProcessLike) -> None:
-        """Hook: bring the target up (the vram router adds out-of-memory recovery)."""
-        await process.ensure_ready()
+    async def start_target(self, process: ProcessLike) -> LifeTimes | None:
+        """Hook: bring the target up (the vram router adds out-of-memory recovery); what it took."""
+        return await process.ensure_ready()
 
     def _finish_swap(self, ev: SwapDone) -> None:
         swap = self._swaps.pop(ev.model, None)
         if swap is None:
             return
+        prefetched = self._end_prefetch(ev.model)  # a read the start overtook is of no more use
+        phases = (*swap.phases, *((prefetched,) if prefetched is not None else ()))
         if ev.error is not None:
             self.stats.swap_failures += 1
         else:
             ready = self.clock()
             self._loads[ev.model] = (ready - ev.duration, ready)
-        self._notify(SwapFinished(swap.plan, ev.error, ev.duration))
+            self._load_phases[ev.model] = phases
+        self._notify(SwapFinished(swap.plan, ev.error, ev.duration, phases))
         self.succession.progress()
 
     async def _do_stop(
@@ -277,6 +363,14 @@ class RouterEffects(Effects):
             if done is not None:
                 resolve(done)
 
+
+
+def _phases(model: str, times: LifeTimes | None, *names: str) -> list[SwapPhase]:
+    """The phases `times` measured, of those named."""
+    if times is None:
+        return []
+    measured = asdict(times)
+    return [SwapPhase(name, model, measured[name]) for name in names if measured[name] is not None]
 
 
 def resolve(fut: asyncio.Future[None]) -> None:

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Self
 
-from llmswap.router.types import Backlog, ProcessLike, Waiter, read_backlog
+from llmswap.router.types import Backlog, ProcessLike, SwapPhase, Waiter, read_backlog
 from llmswap.scheduler.errors import Preempted
 from llmswap.scheduler.types import HandlerRequest, ServeDone
 
@@ -25,7 +25,7 @@ class Grant:
     Made by the router when its grant is final (the caller is there, not preempted yet). A plain class with
     slots: one is made per request on the hot path."""
 
-    __slots__ = ("_backlog", "_end", "_released", "model", "process", "request")
+    __slots__ = ("_backlog", "_end", "_released", "model", "phases", "process", "request")
 
     def __init__(self, model: str, process: ProcessLike, request: HandlerRequest,
                  end: Callable[[ServeDone], None], backlog: Backlog) -> None:
@@ -35,6 +35,7 @@ class Grant:
         self._end = end  # the router's: counts it out of the scheduler (`BaseRouter._end`)
         self._backlog = backlog  # re-read as it ends (`ServeDone.backlog`)
         self._released = False
+        self.phases: tuple[SwapPhase, ...] = request.handle.phases if request.handle is not None else ()
         process.request_started()
 
     @property

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from llmswap.config.model import ModelConfig
-from llmswap.process.events import ProcessEvent
+from llmswap.process.events import LifeTimes, ProcessEvent
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.scheduler.types import HandlerRequest, SwapPlan, Unload
@@ -42,8 +42,10 @@ class ProcessLike(Protocol):
     def pid(self) -> int | None: ...
     @property
     def last_start_duration(self) -> float | None: ...
-    async def ensure_ready(self) -> None: ...
-    async def stop(self, timeout: float | None = None) -> None: ...
+    async def ensure_ready(self) -> LifeTimes | None:
+        """Ready (started or woken if need be); what its start or wake took, phase by phase, if it did one."""
+    async def stop(self, timeout: float | None = None) -> LifeTimes | None:
+        """Stopped; what its save and its stop took, if it was running."""
     async def sleep(self, timeout: float | None = None) -> bool:
         """Put the server to sleep instead of stopping it (a model with `sleep:`); stops it when it cannot.
         True when it sleeps; its next `ensure_ready` wakes it."""
@@ -96,6 +98,7 @@ class Waiter:
     position: int = 0
     gone: bool = False  # the client left; grants must fail
     load: float = 0.0  # seconds of its wait its model spent loading (for the access log)
+    phases: tuple[SwapPhase, ...] = ()  # the phases of the swap it waited for (none: it waited for none)
     task: asyncio.Task[Any] | None = None  # what serves it once granted (preemption cancels it)
     preempted: str | None = None  # set by `preempt`: why its answer is being ended
 
@@ -168,6 +171,29 @@ class Shutdown:
 
 
 
+PHASES = ("drain", "save", "stop", "prefetch", "start", "restore", "wake")  # in the order a swap runs them
+
+
+@dataclass(frozen=True)
+class SwapPhase:
+    """One measured phase of a swap: `drain`, `save` and `stop` concern a victim, `prefetch`, `start`,
+    `restore` and `wake` the model started (`PHASES`)."""
+
+    phase: str
+    model: str
+    seconds: float
+
+
+def ordered_phases(phases: tuple[SwapPhase, ...]) -> list[SwapPhase]:
+    """A swap's phases in the order it runs them (`PHASES`)."""
+    return sorted(phases, key=lambda p: PHASES.index(p.phase))
+
+
+def phases_text(phases: tuple[SwapPhase, ...]) -> str:
+    """`drain:1.2s,stop:0.3s,start:2.1s` — a swap's phases in their order, for log lines."""
+    return ",".join(f"{p.phase}:{p.seconds:.2f}s" for p in ordered_phases(phases))
+
+
 @dataclass(frozen=True)
 class SwapStarted:
     """Observer notification: a swap was committed (the plan says why)."""
@@ -182,6 +208,7 @@ class SwapFinished:
     plan: SwapPlan
     error: SchedulerError | None
     duration: float
+    phases: tuple[SwapPhase, ...] = ()  # what it spent where (`SwapPhase`), as far as it got
 
 
 RouterEvent = SwapStarted | SwapFinished | ProcessEvent

@@ -32,7 +32,7 @@ from llmswap.machine import (
     wait_for_free,
 )
 from llmswap.process.errors import StartFailed
-from llmswap.process.events import ProcessEvent
+from llmswap.process.events import LifeTimes, ProcessEvent
 from llmswap.process.state import ProcessState
 from llmswap.router.base import BaseRouter
 from llmswap.router.schedulers import scheduler_factory
@@ -151,10 +151,10 @@ class VramRouter(BaseRouter):
         elif waited > 0:
             log.info("vram: %s: waited %.2fs for evicted memory to come back", plan.model, waited)
 
-    async def start_target(self, process: ProcessLike) -> None:
+    async def start_target(self, process: ProcessLike) -> LifeTimes | None:
         mark = self._memory_mark(process.id)
         try:
-            await process.ensure_ready()
+            times = await process.ensure_ready()
         except StartFailed as exc:
             if not self._start_ran_out_of_memory(process, exc):
                 raise
@@ -163,8 +163,9 @@ class VramRouter(BaseRouter):
                 raise
             await self._recover_from_oom(process, victims, exc)
             mark = self._memory_mark(process.id)
-            await process.ensure_ready()
+            times = await process.ensure_ready()
         self._learn(process, mark)
+        return times
 
     def _start_ran_out_of_memory(self, process: ProcessLike, exc: StartFailed) -> bool:
         logs = getattr(process, "logs", None)

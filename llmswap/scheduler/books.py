@@ -91,6 +91,10 @@ class Books:
         self.stopping: dict[str, int] = {}  # unloads whose StopDone has not arrived, per model
         self.announced_until: dict[str, float] = {}  # see the module docstring
         self.shutdown: SchedulerError | None = None
+        # Swaps decided but waiting for requests in flight on their victims to end (`track_drains`): the
+        # target, since when, and the victims still serving then. The first in queue order is prefetched.
+        self.draining: dict[str, tuple[float, tuple[str, ...]]] = {}
+        self.prefetching: str | None = None
 
     # ----------------------------------------------------------------------------- the interface
 
@@ -228,11 +232,44 @@ class Books:
     def start_swap(self, req: HandlerRequest, evict: tuple[str, ...], running: Sequence[str], rule: str,
                    detail: str) -> None:
         # Recorded before launching so that requests arriving meanwhile join it instead of starting another.
-        self.active[req.model] = ActiveSwap(req.model, evict, self.clock(), [req])
+        now = self.clock()
+        self.active[req.model] = ActiveSwap(req.model, evict, now, [req])
         self.preemption.evicted(evict)
         self.swapper.on_swap_start(req.model, running)
         self.log.info("swap: start %s evict [%s] rule=%s (%s)", req.model, ", ".join(evict), rule, detail)
-        self.effects.start_swap(SwapPlan(req.model, evict, rule, request_seq=req.seq, detail=detail))
+        drained = self.draining.pop(req.model, None)
+        if self.prefetching == req.model:
+            self.prefetching = None  # the swap owns the read from here on
+        drain = None if drained is None else now - drained[0]
+        self.effects.start_swap(SwapPlan(req.model, evict, rule, request_seq=req.seq, detail=detail,
+                                         drain=drain, drained=drained[1] if drained is not None else ()))
+
+    def track_drains(self) -> None:
+        """After a pass over the queue: note the swaps decided but waiting for their victims' requests in
+        flight to end (the `drain` phase starts then), forget those nobody waits for any more, and have the
+        first of them in queue order prefetched (one read at a time: two would halve each other's speed)."""
+        if not self.queue and not self.draining:
+            return
+        now = self.clock()
+        waiting: dict[str, tuple[float, tuple[str, ...]]] = {}
+        first: str | None = None
+        for req in self.queue:
+            if req.model in waiting or req.model in self.active:
+                continue
+            decision = self.decide(req.model)
+            busy = tuple(m for m in decision.evict if self.in_flight_of(m) > 0)
+            if decision.place is not Place.SWAP or not busy:
+                continue
+            since = self.draining.get(req.model)
+            waiting[req.model] = since if since is not None else (now, busy)
+            first = first or req.model
+        self.draining = waiting
+        if first != self.prefetching:
+            if self.prefetching is not None:
+                self.effects.cancel_prefetch(self.prefetching)
+            self.prefetching = first
+            if first is not None:
+                self.effects.prefetch(first)
 
     def end_swap(self, model: str) -> ActiveSwap | None:
         """The swap to `model` is done (its SwapDone): off the books, with whoever still waits for it."""

@@ -308,9 +308,11 @@ class QueueScheduler(ABC):
         preempt_blocked(self.books)  # issue 16
         self.books.publish_positions()
         self._abort_unwanted_swaps()
+        self.books.track_drains()
 
     def _after_removal(self) -> None:
         """A waiter left: others move up, a load may have lost its last waiter, the plan may change."""
         self.books.publish_positions()
         self._abort_unwanted_swaps()
+        self.books.track_drains()
 

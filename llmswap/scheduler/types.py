@@ -45,6 +45,10 @@ class SwapPlan:
     rule: str  # short machine-readable reason, e.g. "fifo.head", "batch.deepest_queue", "batch.max_wait"
     request_seq: int | None = None  # the request that triggered it
     detail: str = ""  # human-readable: queue depths, ages, costs...
+    # Seconds the swap waited, once decided, for requests in flight on `drained` (victims) to end: its
+    # `drain` phase. None when nothing was in flight on its victims.
+    drain: float | None = None
+    drained: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,14 @@ class Effects(Protocol):
     def preempt(self, req: HandlerRequest, message: str) -> None:
         """End in-flight `req` early to make room (preemption, `llmswap.scheduler.preemption`): abort its
         upstream request and answer its client `Preempted(message)`. Its `ServeDone` still follows."""
+
+    def prefetch(self, model: str) -> None:
+        """A swap to `model` is decided and waits for its victims' requests to end: read its files into the
+        page cache meanwhile (a no-op when prefetch is off or under way). Never delays anything."""
+
+    def cancel_prefetch(self, model: str) -> None:
+        """No swap to `model` waits any more (its requests left): stop reading its files, unless a swap to
+        it has started (the swap then owns the read)."""
 
     def inherited_in_flight(self, model: str) -> int:
         """Requests of `model` that a predecessor router (before a config reload) is still serving: they

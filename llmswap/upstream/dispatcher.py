@@ -25,7 +25,7 @@ from llmswap.activity.recorder import ActivityRecorder
 from llmswap.activity.recording import Recording, RequestFacts
 from llmswap.config.model import ModelConfig
 from llmswap.router.base import BaseRouter
-from llmswap.router.types import NO_OPTIONS, AcquireOptions, ProcessLike
+from llmswap.router.types import NO_OPTIONS, AcquireOptions, ProcessLike, SwapPhase
 from llmswap.upstream.filters import apply_plan, local_plan
 from llmswap.upstream.forward import Buffer, Unreachable, forward
 from llmswap.upstream.pool import Upstream, UpstreamPool
@@ -42,6 +42,7 @@ class Lease:
     process: ProcessLike
     upstream: Upstream
     waited: float
+    phases: tuple[SwapPhase, ...] = ()  # the phases of the swap it waited for, if it waited for one
 
     @property
     def config(self) -> ModelConfig:
@@ -98,7 +99,7 @@ class Dispatcher:
         with granted:
             process = granted.process
             upstream = self.pool.upstream(process.id, process.config.timeouts)
-            yield Lease(process, upstream, self._clock() - asked)
+            yield Lease(process, upstream, self._clock() - asked, granted.phases)
 
     async def post_json(
         self,

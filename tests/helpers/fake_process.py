@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmswap.config.model import ModelConfig
-from llmswap.process.events import EventKind, ProcessEvent, StopCause
+from llmswap.process.events import EventKind, LifeTimes, ProcessEvent, StopCause
 from llmswap.process.state import ProcessState
 
 
@@ -62,9 +62,9 @@ class FakeProcess:
         if kind is not None:
             self._on_event(ProcessEvent(self.id, kind))
 
-    async def ensure_ready(self) -> None:
+    async def ensure_ready(self) -> LifeTimes | None:
         if self._state is ProcessState.READY:
-            return
+            return None
         if self._state is ProcessState.SHUTDOWN:
             raise FakeStartError(f"[{self.id}] shutdown")
         if self._start is None or self._start.done():
@@ -73,6 +73,7 @@ class FakeProcess:
             self._start.add_done_callback(lambda task: task.cancelled() or task.exception())
         # Shield: a caller that goes away must not cancel the shared start.
         await asyncio.shield(self._start)
+        return LifeTimes(start=self._script.start_delay(self.id))
 
     async def _do_start(self) -> None:
         self._script.starts[self.id] = self._script.starts.get(self.id, 0) + 1
@@ -90,9 +91,10 @@ class FakeProcess:
         await self.stop(timeout)
         return False
 
-    async def stop(self, timeout: float | None = None, *, cause: StopCause = StopCause.REQUESTED) -> None:
+    async def stop(self, timeout: float | None = None, *,
+                   cause: StopCause = StopCause.REQUESTED) -> LifeTimes | None:
         if self._state in (ProcessState.STOPPED, ProcessState.SHUTDOWN):
-            return
+            return None
         self._set(ProcessState.STOPPING, "stopping")
         await asyncio.sleep(self._script.stop_delay)
         self.pid = None
@@ -101,6 +103,7 @@ class FakeProcess:
             if self._script.on_state is not None:
                 self._script.on_state(self.id, ProcessState.STOPPED)
             self._on_event(ProcessEvent(self.id, "stopped", detail=cause.value, cause=cause))
+        return LifeTimes(stop=self._script.stop_delay)
 
     async def expire(self) -> None:
         """Stop as the TTL would: behind the scheduler's back."""

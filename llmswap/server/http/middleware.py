@@ -45,7 +45,7 @@ class AccessRecord:
     load: float | None = None  # seconds of `waited` its model spent loading (the rest was queueing)
     answering: bool = False  # the answer's status line went out: no other response can follow
     cut: str = ""  # why llmswap ended the request itself ("cancelled", "shutdown"), if it did
-    restore: float | None = None  # seconds of `load` spent restoring the model's saved KV cache
+    phases: tuple[tuple[str, float], ...] = ()  # the swap's phases it waited for: (name, seconds), in order
     cached: int | None = None  # prompt tokens the upstream took from its cache, when its answer said
     placed: str = ""  # where discover peers were weighed: the host chosen and why
 
@@ -72,7 +72,7 @@ class Answered(NamedTuple):
     load: float | None = None
     first_byte: float | None = None
     cut: str = ""  # see AccessRecord
-    restore: float | None = None
+    phases: tuple[tuple[str, float], ...] = ()
     cached: int | None = None
     placed: str = ""
 
@@ -113,10 +113,10 @@ def note_load(request: web.Request, seconds: float) -> None:
         record.load = seconds
 
 
-def note_restore(request: web.Request, seconds: float) -> None:
-    """Record how much of the request's load went to restoring its model's saved KV cache."""
+def note_phases(request: web.Request, phases: tuple[tuple[str, float], ...]) -> None:
+    """Record the phases of the swap the request waited for, (name, seconds) each in the order they ran."""
     if (record := access_record(request)) is not None:
-        record.restore = seconds
+        record.phases = phases
 
 
 def note_placed(request: web.Request, reason: str) -> None:
@@ -161,7 +161,7 @@ class Timings(Protocol):
     @property
     def cut(self) -> str: ...
     @property
-    def restore(self) -> float | None: ...
+    def phases(self) -> tuple[tuple[str, float], ...]: ...
     @property
     def cached(self) -> int | None: ...
     @property
@@ -174,9 +174,11 @@ def access_line(remote: str | None, method: str, path: str, status: int, seconds
 
     A request that waited for a model also says where its time went (OC-CORE-1040): `queue` (waiting
     for its turn), `load` (its model loading), `ttfb` (arrival to the first byte sent) and `decode`
-    (first byte to the end of the answer); when the load restored the model's saved KV cache, `restore` says
-    what that took, and `cached` how many prompt tokens the upstream took from its cache (when its answer
-    says). A request llmswap ended itself says why: `cut=shutdown`."""
+    (first byte to the end of the answer); a load names the phases of its swap (`phases=drain:..,stop:..,
+    start:..`: waiting for the victims' requests, saving their KV caches, stopping them, reading the next
+    model's files, starting it, restoring its KV cache, or waking it), and `cached` how many prompt tokens
+    the upstream took from its cache (when its answer says). A request llmswap ended itself says why:
+    `cut=shutdown`."""
     outcome = "client gone" if status == CLIENT_GONE else status
     line = f'{remote or "-"} "{method} {path}" {outcome} {seconds * 1000:.1f}ms'
     if model:
@@ -186,9 +188,9 @@ def access_line(remote: str | None, method: str, path: str, status: int, seconds
         load = record.load or 0.0  # type: ignore[union-attr]
         queue = waited - load
         line += f" queue={(queue if queue > 0.0 else 0.0) * 1000:.1f}ms load={load * 1000:.1f}ms"
-        restore = record.restore  # type: ignore[union-attr]
-        if restore is not None:
-            line += f" restore={restore * 1000:.1f}ms"
+        phases = record.phases  # type: ignore[union-attr]
+        if phases:
+            line += " phases=" + ",".join(f"{name}:{seconds * 1000:.1f}ms" for name, seconds in phases)
         first_byte = record.first_byte  # type: ignore[union-attr]
         if first_byte is not None:
             decode = seconds - first_byte
@@ -272,7 +274,7 @@ async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
         observers: list[RequestObserver] = request.app.get(REQUEST_OBSERVERS, [])
         report(Answered(request.method, request.path, route_label(request), request.remote, record.model,
                         status, time.monotonic() - started, record.waited, record.load, record.first_byte,
-                        record.cut, record.restore, record.cached, record.placed),
+                        record.cut, record.phases, record.cached, record.placed),
                observers)
 
 

@@ -22,6 +22,7 @@ from llmswap.activity.recording import Recording
 from llmswap.config.model import ModelConfig, PeerConfig
 from llmswap.process.state import ProcessState
 from llmswap.router import AcquireOptions, BaseRouter
+from llmswap.router.types import ordered_phases
 from llmswap.scheduler.errors import Preempted, SchedulerError
 from llmswap.server.http import middleware
 from llmswap.server.http.errors import error_response, scheduler_error_response
@@ -324,10 +325,9 @@ async def _serve_local(
         )
         async with request.app[DISPATCHER].lease(model.id, asking, router=router) as lease:
             middleware.note_wait(request, lease.waited)
-            restore = _restore_seconds(router, model.id) if load else None
-            if restore is not None:
-                middleware.note_restore(request, restore)
-            recording.waited(max(0.0, lease.waited - load), load or None, restore)
+            phases = tuple((p.phase, p.seconds) for p in ordered_phases(lease.phases)) if load else ()
+            middleware.note_phases(request, phases)
+            recording.waited(max(0.0, lease.waited - load), load or None, phases)
             loading_response = await feedback.finish() if feedback is not None else None
             await guardrails.learn_reported_context(request.app, lease.config, lease.upstream)
             return await forward(
@@ -400,9 +400,3 @@ def query_with_model(request: web.Request, model: str) -> str:
     pairs = [(key, model if key == "model" else value) for key, value in request.query.items()]
     return urlencode(pairs)
 
-
-def _restore_seconds(router: BaseRouter, model_id: str) -> float | None:
-    """What restoring the model's saved KV cache took in the start a request just waited for (kvCache)."""
-    process = router.processes.get(model_id)
-    report = getattr(process, "last_restore", None)
-    return report.seconds if report is not None else None

@@ -113,6 +113,7 @@ class EventFeed:
             record.finished = True
             record.duration = item.duration
             record.error = None if item.error is None else item.error.message
+            record.phases = item.phases
             self.bus.publish(Event("swap", record.as_dict("finished")))
         elif isinstance(item, ProcessEvent) and item.kv is not None:
             self.bus.publish(Event("kvcache", payloads.kv_event(item.model, item.kv, self.wall_clock())))

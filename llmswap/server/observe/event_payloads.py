@@ -17,6 +17,7 @@ from llmswap.kvcache.keeper import KvReport
 from llmswap.process.events import ProcessEvent
 from llmswap.process.state import ProcessState
 from llmswap.router.base import BaseRouter
+from llmswap.router.types import SwapPhase
 from llmswap.scheduler.types import SwapPlan
 from llmswap.server.inference.peers import peer_models
 from llmswap.server.observe.records import render_capabilities
@@ -111,6 +112,7 @@ class SwapRecord:
     duration: float | None = None
     error: str | None = None
     finished: bool = False
+    phases: tuple[SwapPhase, ...] = ()  # once finished: what it spent where
 
     def as_dict(self, phase: str) -> dict[str, Any]:
         outcome = "pending" if not self.finished else ("ok" if self.error is None else "failed")
@@ -118,6 +120,8 @@ class SwapRecord:
             "id": self.id, "phase": phase, "model": self.plan.model, "evict": list(self.plan.evict),
             "rule": self.plan.rule, "detail": self.plan.detail, "request_seq": self.plan.request_seq,
             "started": self.started, "duration": self.duration, "outcome": outcome, "error": self.error,
+            "phases": [{"phase": p.phase, "model": p.model, "seconds": round(p.seconds, 4)}
+                       for p in self.phases],
         }
 
 

@@ -83,6 +83,10 @@ class ServerMetrics:
         self.swap_seconds = Histogram(
             "llmswap_swap_duration_seconds", "Seconds a swap took, evictions included, by outcome",
             ("model", "outcome"), buckets=LOAD_BUCKETS, registry=r)
+        self.swap_phases = Histogram(
+            "llmswap_swap_phase_seconds", "Seconds each phase of a swap took: drain, save, stop (the "
+            "victim's), prefetch, start, restore, wake (the model started)", ("phase", "model"),
+            buckets=LOAD_BUCKETS, registry=r)
         self.starts = Counter("llmswap_model_starts", "Upstream starts", ("model",), registry=r)
         self.restarts = Counter("llmswap_upstream_restarts",
                                 "Upstream starts after the model's first one", ("model",), registry=r)
@@ -126,6 +130,8 @@ class ServerMetrics:
         if isinstance(item, SwapFinished):
             outcome = "ok" if item.error is None else "failed"
             self.swap_seconds.labels(item.plan.model, outcome).observe(item.duration)
+            for phase in item.phases:
+                self.swap_phases.labels(phase.phase, phase.model).observe(phase.seconds)
             return
         if not isinstance(item, ProcessEvent):
             return

@@ -113,8 +113,12 @@ async def test_a_conversation_that_swaps_away_and_back_restores_its_cache(
     assert 'llmswap_kvcache_slots_total{action="restore",model="warm"} 1.0' in metrics
     assert 'llmswap_kvcache_operations_total{action="save",model="warm",outcome="ok"} 2.0' in metrics
     restored = [line for line in server.stderr_lines + server.stdout_lines
-                if '"POST /v1/chat/completions" 200' in line and "model=warm" in line and "restore=" in line]
+                if '"POST /v1/chat/completions" 200' in line and "model=warm" in line and ",restore:" in line]
     assert len(restored) == 1, server.output()  # the first start had nothing to restore
+    saved = [line for line in server.stderr_lines + server.stdout_lines
+             if '"POST /v1/chat/completions" 200' in line and "phases=save:" in line]
+    assert len(saved) == 2, server.output()  # warm saved before each of the two swaps it lost (other, cold)
+    assert 'llmswap_swap_phase_seconds_count{model="warm",phase="restore"} 1.0' in metrics
     assert f"cached={returned.cached}" in restored[0]  # and how much of the prompt the cache gave
 
 

@@ -93,6 +93,7 @@ class FakeEffects:
         self.stops: list[Stop] = []
         self.positions: dict[HandlerRequest, list[int]] = {}
         self.calls: list[tuple[str, object]] = []  # every call, in order
+        self.prefetches: list[tuple[str, str]] = []  # prefetch and cancel_prefetch calls, in order
 
     # ----------------------------------------------------------------------------- Effects
 
@@ -137,6 +138,12 @@ class FakeEffects:
     def stop_processes(self, models: Sequence[str], timeout: float | None) -> None:
         self.calls.append(("stop_processes", tuple(models)))
         self.stops.append(Stop(tuple(models), timeout))
+
+    def prefetch(self, model: str) -> None:
+        self.prefetches.append(("prefetch", model))
+
+    def cancel_prefetch(self, model: str) -> None:
+        self.prefetches.append(("cancel", model))
 
     def notify_position(self, req: HandlerRequest, position: int) -> None:
         self.calls.append(("notify_position", (req, position)))

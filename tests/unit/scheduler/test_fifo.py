@@ -710,3 +710,40 @@ def test_fifo_non_positive_limit_means_the_default(limit):
         w.req("a")
     assert w.effects.served("a") == 10
     assert isinstance(w.effects.error_of(w.req("a")), ConcurrencyLimit)
+
+
+# ================================================================ swap phases: drain, prefetch
+
+
+def test_fifo_a_swap_that_waits_for_its_victims_requests_carries_its_drain_and_prefetches_meanwhile():
+    w = World({"a": READY, "b": STOPPED}, evict={"b": ["a"]})
+    serving = w.req("a")
+    assert w.effects.was_served(serving)
+    w.req("b")
+    assert w.effects.starts_for("b") == 0
+    assert w.effects.prefetches == [("prefetch", "b")]  # read while a's request ends
+    w.clock.advance(2.5)
+    w.serve_done(serving)
+    plan = w.effects.last_start("b")
+    assert plan is not None and plan.drain == 2.5 and plan.drained == ("a",)
+    assert w.effects.prefetches == [("prefetch", "b")]  # the swap owns the read now: not cancelled
+    assert w.sched.books.draining == {} and w.sched.books.prefetching is None
+
+
+def test_fifo_a_swap_with_nothing_in_flight_has_no_drain():
+    w = World({"a": READY, "b": STOPPED}, evict={"b": ["a"]})
+    w.req("b")
+    plan = w.effects.last_start("b")
+    assert plan is not None and plan.drain is None and plan.drained == ()
+    assert w.effects.prefetches == []  # the router reads b's files as the swap starts
+
+
+def test_fifo_the_prefetch_is_cancelled_when_the_waiting_request_leaves():
+    w = World({"a": READY, "b": STOPPED}, evict={"b": ["a"]})
+    serving = w.req("a")
+    waiting = w.req("b")
+    w.sched.on_cancel(waiting)
+    assert w.effects.prefetches == [("prefetch", "b"), ("cancel", "b")]
+    assert w.sched.books.draining == {}
+    w.serve_done(serving)
+    assert w.effects.starts_for("b") == 0

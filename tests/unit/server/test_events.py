@@ -15,6 +15,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from llmswap.config.model import Capabilities, Config, ModelConfig, PeerConfig
 from llmswap.process import ProcessEvent
 from llmswap.router import BaseRouter, SwapFinished, SwapStarted, build_router
+from llmswap.router.types import SwapPhase
 from llmswap.scheduler.errors import SwapFailed
 from llmswap.scheduler.types import SwapPlan
 from llmswap.server.inference.inflight import InflightTracker, note_relayed, redacted
@@ -125,11 +126,25 @@ def test_a_swap_is_reported_when_decided_and_when_finished_under_one_id():
     assert swaps[0] | {"phase": None} == {
         "id": swaps[0]["id"], "phase": None, "model": "b", "evict": ["a"], "rule": "fifo.head",
         "detail": "request #7 waited 0.0s", "request_seq": 7, "started": 1000.0, "duration": None,
-        "outcome": "pending", "error": None,
+        "outcome": "pending", "error": None, "phases": [],
     }
     assert swaps[1]["outcome"] == "failed" and swaps[1]["duration"] == 1.25
     assert swaps[1]["error"] == "b exited"
     assert feed.snapshot("connect")["swaps"] == [swaps[1]]  # the history new clients get
+
+
+def test_a_finished_swap_carries_its_phases():
+    state, feed = feed_for(model("a"), model("b"))
+    listener = feed.bus.subscribe()
+    plan = SwapPlan("b", ("a",), "fifo.head", drain=0.5, drained=("a",))
+    phases = (SwapPhase("drain", "a", 0.5), SwapPhase("stop", "a", 0.25), SwapPhase("start", "b", 2.0),
+              SwapPhase("prefetch", "b", 1.0))
+    tell(state.router, SwapStarted(plan), SwapFinished(plan, None, 2.25, phases))
+    finished = of_type(drain(listener), "swap")[-1]
+    assert finished["phases"] == [{"phase": "drain", "model": "a", "seconds": 0.5},
+                                  {"phase": "stop", "model": "a", "seconds": 0.25},
+                                  {"phase": "start", "model": "b", "seconds": 2.0},
+                                  {"phase": "prefetch", "model": "b", "seconds": 1.0}]
 
 
 def test_a_process_event_becomes_a_process_event_then_a_model_status_when_the_state_moved():

@@ -42,10 +42,12 @@ def test_access_line_splits_a_served_request_into_queue_load_ttfb_and_decode():
     assert line.endswith(" model=qwen queue=1500.0ms load=4000.0ms ttfb=5750.0ms decode=1250.0ms")
 
 
-def test_access_line_says_what_a_kv_restore_took_and_how_many_prompt_tokens_were_cached():
-    record = AccessRecord(model="chat", waited=1.5, load=1.5, first_byte=1.7, restore=0.02, cached=1938)
+def test_access_line_names_the_swap_phases_it_waited_for_and_how_many_prompt_tokens_were_cached():
+    phases = (("stop", 0.3), ("start", 1.18), ("restore", 0.02))
+    record = AccessRecord(model="chat", waited=1.5, load=1.5, first_byte=1.7, phases=phases, cached=1938)
     line = access_line("::1", "POST", "/v1/chat/completions", 200, 1.8, "chat", record)
-    assert line.endswith(" load=1500.0ms restore=20.0ms ttfb=1700.0ms decode=100.0ms cached=1938")
+    assert line.endswith(" load=1500.0ms phases=stop:300.0ms,start:1180.0ms,restore:20.0ms ttfb=1700.0ms "
+                         "decode=100.0ms cached=1938")
 
 
 def test_access_line_of_a_request_refused_before_its_first_byte_has_no_ttfb():

@@ -208,6 +208,11 @@ function swapTimeline() {
   models.forEach((model, i) => {
     nodes.push(svg("text", { x: 2, y: 30 + i * lane, class: "tick" }, model.slice(0, 14)));
   });
+  PHASE_NAMES.forEach((phase, k) => {  // the legend of the phases each swap is drawn as
+    const left = CHART_W - 7 * 62 + k * 62;
+    nodes.push(svg("rect", { x: left, y: 4, width: 8, height: 8, class: `phase phase-${phase}` }),
+               svg("text", { x: left + 11, y: 12, class: "tick" }, phase));
+  });
   done.forEach((s, index) => {
     const i = models.indexOf(s.model);
     if (i < 0) return;
@@ -220,9 +225,49 @@ function swapTimeline() {
                     svg("title", {}, `${s.model} loaded at ${clock(loaded)} (${s.rule})` +
                                      (evictor ? `, until ${clock(until)}: ${evictor.model} (${evictor.rule})` : "")));
     nodes.push(bar);
+    nodes.push(...swapPhases(s, models, x, lane, from));
   });
   document.getElementById("chart-swaps").replaceChildren(
     svg("svg", { viewBox: `0 0 ${CHART_W} ${height}`, role: "img", "aria-label": "swap timeline" }, ...nodes));
+}
+
+const PHASE_NAMES = ["drain", "save", "stop", "prefetch", "start", "restore", "wake"];
+
+function swapPhases(s, models, x, lane, from) {
+  // A swap drawn as its phases: the victims' drain (before the swap began), save and stop on their lanes, the
+  // started model's start (or wake) and restore on its own lane, ending as it was ready; its prefetch, which
+  // overlaps the others, as a thin stripe from the moment it began.
+  const took = (phase, model) => (s.phases || []).filter((p) => p.phase === phase && p.model === model)
+    .reduce((total, p) => total + p.seconds, 0);
+  const loaded = s.started + (s.duration || 0);
+  const drained = Math.max(0, ...s.evict.map((v) => took("drain", v)));
+  const spans = [];
+  for (const victim of s.evict) {
+    const save = took("save", victim);
+    spans.push(["drain", victim, s.started - took("drain", victim), took("drain", victim)],
+               ["save", victim, s.started, save], ["stop", victim, s.started + save, took("stop", victim)]);
+  }
+  const restore = took("restore", s.model);
+  const start = took("start", s.model) + took("wake", s.model);
+  spans.push([took("wake", s.model) ? "wake" : "start", s.model, loaded - restore - start, start],
+             ["restore", s.model, loaded - restore, restore]);
+  const nodes = [];
+  for (const [phase, model, begin, seconds] of spans) {
+    const i = models.indexOf(model);
+    if (i < 0 || seconds <= 0 || begin + seconds < from) continue;
+    nodes.push(svg("rect", { x: x(begin).toFixed(1), y: 20 + i * lane, height: lane - 6, class: `phase phase-${phase}`,
+                             width: Math.max(1, x(begin + seconds) - x(begin)).toFixed(1), "data-phase": phase },
+                   svg("title", {}, `${phase} of ${model}: ${seconds.toFixed(2)} s (swap to ${s.model})`)));
+  }
+  const prefetch = took("prefetch", s.model);
+  const i = models.indexOf(s.model);
+  if (prefetch > 0 && i >= 0) {
+    const begin = s.started - drained;
+    nodes.push(svg("rect", { x: x(begin).toFixed(1), y: 20 + i * lane + lane - 9, height: 3, class: "phase phase-prefetch",
+                             width: Math.max(1, x(begin + prefetch) - x(begin)).toFixed(1), "data-phase": "prefetch" },
+                   svg("title", {}, `prefetch of ${s.model}: ${prefetch.toFixed(2)} s, beside the others`)));
+  }
+  return nodes;
 }
 
 async function loadCharts() {
