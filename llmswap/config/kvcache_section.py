@@ -14,9 +14,11 @@ from pathlib import Path
 
 from llmswap.config.fields import Fields
 from llmswap.config.model import DEFAULT_KV_MAX_SIZE, KvCacheSettings
+from llmswap.config.settings_section import read_choice
 from llmswap.config.tasks_section import resolve_path
 
-KV_CACHE_KEYS = ("dir", "maxSize", "saveTimeout", "restoreTimeout")
+KV_CACHE_KEYS = ("dir", "maxSize", "saveTimeout", "restoreTimeout", "save")
+SAVE_MODES = ("auto", "always")
 SAVE_PATH_FLAG = "--slot-save-path"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -26,7 +28,7 @@ def read_kv_cache(root: Fields, state_dir: Path, base_dir: Path) -> KvCacheSetti
     defaults = KvCacheSettings(dir=state_dir / "kv")
     if "kvCache" not in root.map.entries:
         return defaults
-    fields = root.mapping("kvCache", "a mapping with dir:, maxSize:, saveTimeout:, restoreTimeout:")
+    fields = root.mapping("kvCache", "a mapping with dir:, maxSize:, saveTimeout:, restoreTimeout:, save:")
     fields.warn_unknown(KV_CACHE_KEYS)
     folder = fields.text("dir").strip()
     max_size = fields.size("maxSize", DEFAULT_KV_MAX_SIZE) or 0
@@ -39,6 +41,7 @@ def read_kv_cache(root: Fields, state_dir: Path, base_dir: Path) -> KvCacheSetti
         max_size=max_size,
         save_timeout=fields.number("saveTimeout", defaults.save_timeout, minimum=0.1),
         restore_timeout=fields.number("restoreTimeout", defaults.restore_timeout, minimum=0.1),
+        save=read_choice(fields, "save", SAVE_MODES, "auto"),
     )
 
 

@@ -292,6 +292,7 @@ class KvCacheSettings:
     max_size: int = DEFAULT_KV_MAX_SIZE
     save_timeout: float = 30.0  # a save waits for a busy slot: this bounds the wait, then the stop goes on
     restore_timeout: float = 30.0
+    save: str = "auto"  # "auto": a slot is saved only when that pays (llmswap.kvcache.rates); "always"
 
 
 @dataclass(frozen=True)

@@ -249,7 +249,8 @@ def format_config(config: Config, *, warnings: bool = True) -> str:
         "stateDir": str(config.state_dir) if config.state_dir is not None else None,
         "kvCache": {"dir": str(config.kv_cache.dir), "maxSize": config.kv_cache.max_size,
                     "saveTimeout": _number(config.kv_cache.save_timeout),
-                    "restoreTimeout": _number(config.kv_cache.restore_timeout)} if config.kv_cache else None,
+                    "restoreTimeout": _number(config.kv_cache.restore_timeout),
+                    "save": config.kv_cache.save} if config.kv_cache else None,
         "maxSleeping": config.max_sleeping,
         "prefetch": config.prefetch,
         "apiKeys": [

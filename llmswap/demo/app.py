@@ -7,7 +7,7 @@ import time
 from aiohttp import WSMsgType, web
 from aiohttp.typedefs import Handler
 
-from llmswap.demo import anthropic_api, openai_api, sleep_api
+from llmswap.demo import anthropic_api, openai_api, sleep_api, slots_api
 from llmswap.demo.console import say
 from llmswap.demo.context import Demo
 from llmswap.demo.received import received
@@ -118,6 +118,8 @@ def build_app(demo: Demo) -> web.Application:
                     web.get("/v1/realtime", socket)])
     if demo.sleep is not None:
         app.add_routes(sleep_api.routes(demo.sleep))
+    if demo.options.slot_save_path is not None:
+        app.add_routes(slots_api.routes(demo, demo.options.slot_save_path))
     app.add_routes(openai_api.routes(demo))
     app.add_routes(anthropic_api.routes(demo))
     return app

@@ -13,7 +13,7 @@ from llmswap.demo.options import DemoOptions
 from llmswap.demo.received import Received
 from llmswap.demo.replies import BadRequest
 from llmswap.demo.sleep_api import Sleep
-from llmswap.demo.text import DEFAULT_MAX_TOKENS, answer_tokens
+from llmswap.demo.text import DEFAULT_MAX_TOKENS, answer_tokens, count_tokens
 
 # An answer is built whole before it is sent; this keeps a typo in max_tokens from eating the machine.
 MAX_TOKENS_LIMIT = 100_000
@@ -30,6 +30,7 @@ class DemoState:
     tokens_generated: int = 0
     # The close code of each /ws client that closed its socket.
     socket_close_codes: list[int] = dataclasses.field(default_factory=list)
+    slot_tokens: int = 0  # the prompt tokens its one slot holds (llama-server's `n_prompt_tokens`)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,13 @@ class Demo:
 
     def next_id(self, prefix: str) -> str:
         return f"{prefix}-demo-{next(self._ids)}"
+
+    async def process_prompt(self, prompt: str) -> None:
+        """The prompt goes into the slot: at `--prompt-per-second`, paced (what `timings` then reports)."""
+        tokens = count_tokens(prompt)
+        self.state.slot_tokens = tokens
+        if self.options.prompt_per_second > 0:
+            await asyncio.sleep(tokens / self.options.prompt_per_second)
 
     def answer(self, prompt: str, limit: TokenLimit) -> list[str]:
         return answer_tokens(self.name, prompt, limit.count)

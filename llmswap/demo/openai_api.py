@@ -57,6 +57,7 @@ async def chat_completions(demo: Demo, request: web.Request) -> web.StreamRespon
         "model": requested_model(demo, body),
         "system_fingerprint": "llmswap-demo",
     }
+    await demo.process_prompt(prompt)
     if not is_streaming(body):
         clock.generating()
         text = await demo.generate_all(tokens)

@@ -33,6 +33,9 @@ class DemoOptions:
     sleep_residue: int = 0  # bytes of the fake GPU claim kept while asleep (a CUDA context)
     weights: Path | None = None  # read whole before it is healthy, as a server loads its model
     mmproj: Path | None = None  # named and never read
+    slot_save_path: Path | None = None  # llama-server's slot save API, saving into this folder
+    kv_bytes_per_token: int = 1024  # the size of a slot's save per token
+    prompt_per_second: float = 0.0  # paces prompt processing (0 = as fast as possible)
 
 
 def _size(text: str) -> int:
@@ -138,6 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "as a server loads its model (so a cold page cache makes the start slower)")
     knobs.add_argument("--mmproj", type=Path, metavar="FILE",
                        help="a file the command names and the server never reads (as an unused projector)")
+    knobs.add_argument("--slot-save-path", type=Path, metavar="DIR",
+                       help="serve llama-server's slot API (GET /slots, POST /slots/0?action=save|restore), "
+                            "saving into DIR")
+    knobs.add_argument("--kv-bytes-per-token", type=_size, default=1024, metavar="SIZE",
+                       help="bytes a slot's save holds per token (default 1KiB)")
+    knobs.add_argument("--prompt-per-second", type=_rate, default=0.0, metavar="R",
+                       help="process a chat's prompt at R tokens per second before answering (default 0 = "
+                            "at once); its `timings` say so")
     knobs.add_argument("--sleep-residue", type=_size, default=0, metavar="SIZE",
                        help="of --fake-vram, what stays claimed while asleep (a CUDA context; default 0)")
     return parser
@@ -175,4 +186,7 @@ def parse_options(argv: Sequence[str] | None = None) -> DemoOptions:
         sleep_residue=args.sleep_residue,
         weights=args.weights,
         mmproj=args.mmproj,
+        slot_save_path=args.slot_save_path,
+        kv_bytes_per_token=args.kv_bytes_per_token,
+        prompt_per_second=args.prompt_per_second,
     )

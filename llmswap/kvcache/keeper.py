@@ -8,7 +8,8 @@ shutdown), before the stop signal. A server that dies by itself is never saved: 
 
 llama-server's API (`tools/server`): `GET /slots` lists the slots; `n_prompt_tokens` is there only for a slot
 that served a request since the server started, so a slot restored and not used since is not saved again
-and keeps its earlier save. `POST /slots/{id}?action=save` and `?action=restore` take `{"filename": NAME}`
+and keeps its earlier save (with `kvCache.save: auto`, also a slot whose save would not pay for itself:
+`rates.py`). `POST /slots/{id}?action=save` and `?action=restore` take `{"filename": NAME}`
 inside `--slot-save-path` and answer `n_saved`/`n_written` and `n_restored`/`n_read`. A save waits while
 its slot is busy, so every call is bounded by a client timeout; a failed or late call is logged and the
 stop or the start goes on without it.
@@ -26,6 +27,7 @@ import aiohttp
 
 from llmswap.config.model import ModelConfig
 from llmswap.kvcache.disk import PARTIAL, RESTORING, SaveFolder, fingerprint, hold_bound, slot_file
+from llmswap.kvcache.rates import KvRates
 
 log = logging.getLogger("llmswap.kvcache")
 
@@ -40,15 +42,17 @@ class KvReport:
     bytes: int = 0
     seconds: float = 0.0
     failed: str = ""  # why a slot could not be saved or restored, when one could not
+    skipped: int = 0  # slots not saved because processing their tokens again is cheaper (`save: auto`)
 
 
 class KvKeeper:
     """The slot saves of one model's server (see the module's doc)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, rates: KvRates) -> None:
         assert config.kv_cache is not None and config.kv_dir is not None
         self.config = config
         self.settings = config.kv_cache
+        self.rates = rates
         self.folder = SaveFolder(config.kv_dir)
         self.written_by = ""  # the fingerprint of this life's server (`disk.fingerprint`), once prepared
         self._restorable: list[int] = []
@@ -78,15 +82,22 @@ class KvKeeper:
         try:
             async with self._session(self.settings.save_timeout) as session:
                 slots = await _json(session, "GET", f"{self._base}/slots")
-                used = [slot["id"] for slot in slots if isinstance(slot, dict)
-                        and isinstance(slot.get("id"), int) and int(slot.get("n_prompt_tokens") or 0) > 0]
-                for slot in used:
+                used = [(slot["id"], int(slot.get("n_prompt_tokens") or 0)) for slot in slots
+                        if isinstance(slot, dict) and isinstance(slot.get("id"), int)
+                        and int(slot.get("n_prompt_tokens") or 0) > 0]
+                for slot, tokens in used:
+                    choice = self.rates.choose(self.config.id, self.settings.dir, tokens, self.settings.save)
+                    if not choice.save:
+                        self.rates.skip(self.config.id)
+                        report = replace(report, skipped=report.skipped + 1)
+                        log.info("[%s] kv cache: slot %d not saved: %s", self.config.id, slot, choice.reason)
+                        continue
                     report = await self._save_one(session, slot, report)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             report = _failed(report, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         self.folder.finished(self.written_by)
         hold_bound(self.settings.dir, self.settings.max_size)
-        if not report.slots and not report.failed:
+        if not report.slots and not report.failed and not report.skipped:
             return None
         report = _done(report, began)
         if report.failed:
@@ -101,9 +112,11 @@ class KvKeeper:
         began = time.monotonic()
         answer = await _json(session, "POST", f"{self._base}/slots/{slot}?action=save",
                              {"filename": slot_file(slot) + PARTIAL})
-        saved = self.folder.saved(slot, int(answer.get("n_saved", 0)), time.monotonic() - began)
+        seconds = time.monotonic() - began
+        saved = self.folder.saved(slot, int(answer.get("n_saved", 0)), seconds)
         if saved is None:
             return _failed(report, f"slot {slot} was not written")
+        self.rates.learn_save(self.config.id, self.settings.dir, saved.tokens, saved.bytes, seconds)
         if saved.bytes > self.settings.max_size:
             saved.path.unlink(missing_ok=True)
             return _failed(report, f"slot {slot}'s save ({saved.bytes} bytes) is larger than kvCache.maxSize")
@@ -117,12 +130,15 @@ class KvKeeper:
         try:
             async with self._session(self.settings.restore_timeout) as session:
                 for slot in self._restorable:
+                    one = time.monotonic()
                     try:
                         answer = await _json(session, "POST", f"{self._base}/slots/{slot}?action=restore",
                                              {"filename": slot_file(slot)})
                     except aiohttp.ClientResponseError as exc:
                         report = _failed(report, f"slot {slot}: {exc.message}")
                         continue
+                    self.rates.learn_restore(self.settings.dir, int(answer.get("n_read", 0)),
+                                             time.monotonic() - one)
                     self.folder.touch(slot)
                     report = replace(report, slots=report.slots + 1,
                                      tokens=report.tokens + int(answer.get("n_restored", 0)),

@@ -34,6 +34,7 @@ from dataclasses import replace
 
 from llmswap.config.model import ModelConfig
 from llmswap.kvcache.keeper import KvKeeper, KvReport, prepare_kv_dir
+from llmswap.kvcache.rates import KvRates
 from llmswap.process import sleeping
 from llmswap.process.child import Child, spawn_child
 from llmswap.process.durations import format_go_duration
@@ -74,6 +75,7 @@ class Process:
         log_ring: LogRing | None = None,
         mirror: LogRing | None = None,
         clock: Callable[[], float] = time.monotonic,
+        kv_rates: KvRates | None = None,
     ) -> None:
         self.config = config
         self.id = config.id
@@ -87,7 +89,7 @@ class Process:
         self._run: Run | None = None
         self._closing = False
         self._idle = IdleTimer(config.ttl)
-        self._kv = KvKeeper(config) if config.kv_cache is not None else None
+        self._kv = KvKeeper(config, kv_rates or KvRates()) if config.kv_cache is not None else None
         self.last_restore: KvReport | None = None  # what the slots' restore of the current life did
         self.asleep_since: float | None = None  # when the server went to sleep (clock), while it sleeps
 

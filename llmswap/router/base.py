@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from llmswap.config.model import Config, ModelConfig
+from llmswap.kvcache.rates import KvRates
 from llmswap.process import LogRing, Process
 from llmswap.process.events import ProcessEvent
 from llmswap.router.effects import RouterEffects, resolve
@@ -100,6 +101,8 @@ class BaseRouter(RequestApi, RouterEffects):
         self._unhandled: dict[str, int] = {}
         # Every model's output also goes to one combined ring: /logs/stream/upstream tails it.
         self.upstream_log = LogRing("upstream")
+        # The rates `kvCache.save: auto` decides from, shared by every process (and a reload's successor).
+        self.kv_rates = KvRates()
         make = process_factory or self._make_process
         given = dict(processes or {})
         self.processes: dict[str, ProcessLike] = {
@@ -320,7 +323,7 @@ class BaseRouter(RequestApi, RouterEffects):
     # ----------------------------------------------------------------- process notifications
 
     def _make_process(self, config: ModelConfig, on_event: ProcessEventSink) -> ProcessLike:
-        return Process(config, on_event=on_event, mirror=self.upstream_log)
+        return Process(config, on_event=on_event, mirror=self.upstream_log, kv_rates=self.kv_rates)
 
     def on_process_event(self, event: ProcessEvent) -> None:
         """What one of this router's processes reports (its `on_event`)."""

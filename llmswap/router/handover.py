@@ -86,10 +86,11 @@ def successor_router(
             return old.processes[model.id]
         if process_factory is not None:
             return process_factory(model, on_event)
-        return Process(model, on_event=on_event, mirror=ring)
+        return Process(model, on_event=on_event, mirror=ring, kv_rates=old.kv_rates)
 
     new = build(config, process_factory=make)
     new.upstream_log = ring  # one combined upstream log across reloads: its tail stays continuous
+    new.kv_rates = old.kv_rates  # what `kvCache.save: auto` learned stays learned
     _carry_estimates(old, new, adopted)
     for observer in old.observers:
         new.add_observer(observer)

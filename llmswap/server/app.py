@@ -9,6 +9,7 @@ import socket
 
 from aiohttp import web
 
+from llmswap.activity.record import ActivityRecord
 from llmswap.router.base import BaseRouter
 from llmswap.server.admin import batches as batch_http
 from llmswap.server.admin import kvcache as kvcache_http
@@ -54,6 +55,7 @@ def create_app(server_state: ServerState, services: Services | None = None) -> w
     profiles.setup(app)
     activity_api.setup(app)
     activity_api.publish_to(parts.recorder, parts.events)
+    parts.recorder.listeners.append(lambda record: teach_prompt_rate(server_state, record))
     activity_metrics.setup(parts.metrics.registry, parts.recorder)
     cancel.setup(app)
     peer_watch.setup(app)
@@ -64,6 +66,13 @@ def create_app(server_state: ServerState, services: Services | None = None) -> w
     # connections, which cleanup closes, are still there.
     app.on_shutdown.append(_stop_tasks)
     return app
+
+
+def teach_prompt_rate(server_state: ServerState, record: ActivityRecord) -> None:
+    """An answer's `timings` (llama-server's prompt processing rate) teach `kvCache.save: auto` what
+    processing a slot's tokens again would cost (`llmswap.kvcache.rates`)."""
+    tokens = record.tokens
+    server_state.router.kv_rates.learn_prompt(record.model, tokens.input_tokens, tokens.prompt_per_second)
 
 
 async def _start_tasks(app: web.Application) -> None:

@@ -1,7 +1,10 @@
 """`/api/kvcache`: what the `kvCache` models have saved on disk, and a way to clear a model's saves.
 
-    GET    /api/kvcache           {"dir", "max_size", "total_bytes", "models": [{"model", "enabled", "dir",
-                                   "bytes", "saves": [{"slot", "tokens", "bytes", "age_seconds"}]}]}
+    GET    /api/kvcache           {"dir", "save", "max_size", "total_bytes", "models": [{"model", "enabled",
+                                   "dir", "bytes", "saves": [{"slot", "tokens", "bytes", "age_seconds"}],
+                                   "rates": {"prompt_tokens_per_second", "bytes_per_token",
+                                   "save_bytes_per_second", "restore_bytes_per_second", "skipped_saves"}}]}
+                                  (`rates`: what `kvCache.save: auto` decides from; null until measured)
     DELETE /api/kvcache/{model}   {"model", "deleted", "bytes"}: the model's saves are gone; a running server
                                   keeps its slots, and its next stop saves them again
 
@@ -32,10 +35,13 @@ async def list_saves(request: web.Request) -> web.Response:
     config = state(request).config
     settings = config.kv_cache
     now = time.time()
-    models = [record for model in config.models.values()
+    rates = state(request).router.kv_rates
+    models = [record | ({"rates": rates.shown(model.id, settings.dir)} if settings is not None else {})
+              for model in config.models.values()
               if (record := _model_record(model, now))["enabled"] or record["saves"]]
     return web.json_response({
         "dir": str(settings.dir) if settings is not None else None,
+        "save": settings.save if settings is not None else None,
         "max_size": settings.max_size if settings is not None else None,
         "total_bytes": sum(record["bytes"] for record in models),
         "models": models,

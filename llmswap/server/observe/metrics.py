@@ -110,6 +110,9 @@ class ServerMetrics:
         self.kv_seconds = Histogram("llmswap_kvcache_duration_seconds",
                                     "Seconds a model's save or restore took", kv, buckets=LOAD_BUCKETS,
                                     registry=r)
+        self.kv_skipped = Counter(
+            "llmswap_kvcache_skipped_saves", "Slots not saved before a stop because processing their tokens "
+            "again was expected to be cheaper (kvCache.save: auto)", ("model",), registry=r)
         self._started_once: set[str] = set()
         self._routers_seen: list[tuple[RouterStats, Any]] = []  # (router stats, scheduler stats or None)
         self._own_reader = reader
@@ -143,6 +146,8 @@ class ServerMetrics:
             self.kv_tokens.labels(model, kv.action).inc(kv.tokens)
             self.kv_bytes.labels(model, kv.action).inc(kv.bytes)
             self.kv_seconds.labels(model, kv.action).observe(kv.seconds)
+            if kv.skipped:
+                self.kv_skipped.labels(model).inc(kv.skipped)
         elif item.kind in ("slept", "woke"):
             action = "sleep" if item.kind == "slept" else "wake"
             self.sleeps.labels(model, action).observe(item.duration or 0.0)

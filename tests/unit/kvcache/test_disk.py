@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 
 from llmswap.kvcache.disk import RESTORING, SaveFolder, all_saves, fingerprint, hold_bound
+from llmswap.kvcache.rates import KvRates
 
 
 def write_save(folder: SaveFolder, slot: int, size: int, *, used: float | None = None,
@@ -187,7 +188,7 @@ def test_the_keepers_fingerprint_leaves_the_port_out(tmp_path: Path) -> None:
         cmd = ("llama-server", "--port", str(port), "--slot-save-path", str(tmp_path / "kv" / "m"))
         config = ModelConfig(id="m", cmd=cmd, cmd_text=" ".join(cmd), port=port, kv_dir=tmp_path / "kv" / "m",
                              kv_cache=KvCacheSettings(dir=tmp_path / "kv"))
-        made = KvKeeper(config)
+        made = KvKeeper(config, KvRates())
         made.prepare()
         return made
 
