@@ -1,35 +1,43 @@
-# The README's two commands live here: `make run` and `make test`. Each bootstraps .venv on first use.
+# The README's two commands live here: `make run` and `make test`. Each bootstraps .venv on first use:
+# `make run` installs llmswap and what running it needs, nothing more; `make test` adds the test, lint and
+# PostgreSQL extras.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-stamp
+PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
+RUN_STAMP  := $(VENV)/.run-stamp
+TEST_STAMP := $(VENV)/.test-stamp
 LISTEN ?= 127.0.0.1:8080
 
-.PHONY: run test test-unit lint bench clean
+.PHONY: run test test-unit lint bench image clean
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,postgres]'
-	touch $(STAMP)
+$(RUN_STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "make: installing llmswap into $(VENV) (first run only)"
+	@$(PIP) -e .
+	@touch $@
 
-run: $(STAMP)
-	@echo "llmswap on http://$(LISTEN): its status page is http://$(LISTEN)/ui (Ctrl-C stops it)"
-	$(VENV)/bin/llmswap --config examples/demo.yaml --listen $(LISTEN)
+$(TEST_STAMP): $(RUN_STAMP)
+	@echo "make: installing the test extras into $(VENV) (first run only)"
+	@$(PIP) -e '.[test,postgres]'
+	@touch $@
 
-test: $(STAMP)
+run: $(RUN_STAMP)
+	@$(VENV)/bin/llmswap --config examples/demo.yaml --listen $(LISTEN)
+
+test: $(TEST_STAMP)
 	$(PY) -m ruff check llmswap tests bench
 	$(PY) -m mypy
 	$(PY) -m pytest -q tests
 
-test-unit: $(STAMP)
+test-unit: $(TEST_STAMP)
 	$(PY) -m pytest -q tests/unit
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(PY) -m ruff check llmswap tests bench
 	$(PY) -m mypy
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(PY) -m bench
 
 clean:

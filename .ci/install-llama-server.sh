@@ -21,7 +21,7 @@ CACHE=${LLAMA_SERVER_CACHE:-${HOME:-/root}/.cache/llmswap}/llama-server-${VERSIO
 BIN="$CACHE/llama-server"
 
 if [ ! -x "$PYTHON" ]; then
-    echo "install-llama-server: $PYTHON not found; create it first: make .venv/.installed-stamp" >&2
+    echo "install-llama-server: $PYTHON not found; create it first: make .venv/.test-stamp" >&2
     exit 1
 fi
 if ! command -v cmake >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1; then

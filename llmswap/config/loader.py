@@ -92,6 +92,9 @@ IGNORED_TOP_LEVEL_KEYS = (
     "logRequests",
 )
 DEFAULT_STATE_DIR = ".llmswap-state"
+# Where the state goes when the config names no stateDir: a service unit or a container image sets it to
+# its state directory or volume, so a config copied from llama-swap needs no edit.
+STATE_DIR_ENV = "LLMSWAP_STATE_DIR"
 
 
 def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> Config:
@@ -177,7 +180,8 @@ def load_tree(
     unload_timeout = root.number("unloadTimeout", 0.0, minimum=0) or DEFAULT_UNLOAD_TIMEOUT
     send_loading_state = root.flag("sendLoadingState", False)
     prefetch = root.flag("prefetch", True)
-    state_dir = resolve_path(root.text("stateDir").strip() or DEFAULT_STATE_DIR, base_dir)
+    default_state = os.environ.get(STATE_DIR_ENV, "").strip() or DEFAULT_STATE_DIR
+    state_dir = resolve_path(root.text("stateDir").strip() or default_state, base_dir)
     kv_cache = read_kv_cache(root, state_dir, base_dir)
     defaults = ModelDefaults(global_ttl, unload_timeout, health_check_timeout, send_loading_state, kv_cache,
                              prefetch)

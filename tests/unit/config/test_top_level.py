@@ -73,6 +73,14 @@ def test_relative_state_dir_is_beside_the_config_file() -> None:
     assert load("", path="/etc/llmswap/config.yaml").state_dir == Path("/etc/llmswap/.llmswap-state")
 
 
+def test_llmswap_state_dir_in_the_environment_is_the_default_state_dir(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMSWAP_STATE_DIR", "/var/lib/llmswap")  # as the service unit and the image set it
+    config = load("", path="/etc/llmswap/config.yaml")
+    assert config.state_dir == Path("/var/lib/llmswap") and config.kv_cache.dir == Path("/var/lib/llmswap/kv")
+    assert load("stateDir: mine\n", path="/etc/llmswap/config.yaml").state_dir == Path("/etc/llmswap/mine")
+
+
 def test_max_request_body_bare_number_is_bytes() -> None:
     assert load("maxRequestBodySize: 1048576\n").max_request_body == 1048576
     assert one_error("maxRequestBodySize: 0\n") == (
