@@ -36,6 +36,7 @@ from llmswap.cli.args import (
     parse_listen,
 )
 from llmswap.config import Config, ConfigError, ConfigSources, format_config
+from llmswap.config.preflight import command_warnings
 
 LOG_LEVELS = ("debug", "info", "warn", "error")
 
@@ -109,6 +110,9 @@ def check_config(sources: ConfigSources) -> int:
         return 1
     for warning in config.warnings:  # once, on stderr: not again as comments in the config printed
         print(f"warning: {warning}", file=sys.stderr)
+    shown = f"{config.path}: " if config.path else ""
+    for warning in command_warnings(config):
+        print(f"warning: {shown}{warning}", file=sys.stderr)
     print(format_config(config, warnings=False), end="")
     return 0
 

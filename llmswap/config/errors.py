@@ -10,7 +10,7 @@ the file and line the user wrote, so every reader of the tree stays unaware of t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class Problem:
     path: str
     message: str
     order: int | None = field(default=None, compare=False)  # position across merged files, for sorting
+    warning: bool = field(default=False, compare=False)  # a warning (listed with errors when it explains one)
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
@@ -35,7 +36,8 @@ class ConfigError(Exception):
 
     def __init__(self, problems: list[Problem] | tuple[Problem, ...]) -> None:
         self.problems: tuple[Problem, ...] = tuple(problems)
-        self.errors: tuple[str, ...] = tuple(str(p) for p in self.problems)
+        # A warning listed among the errors (a hint that explains one) says it is one, as it does alone.
+        self.errors: tuple[str, ...] = tuple(("warning: " if p.warning else "") + str(p) for p in self.problems)
         super().__init__("\n".join(self.errors))
 
 
@@ -60,7 +62,7 @@ class Problems:
         self.errors.append(self._problem(line, path, message))
 
     def warn(self, line: int | None, path: str, message: str) -> None:
-        self.warnings.append(self._problem(line, path, message))
+        self.warnings.append(replace(self._problem(line, path, message), warning=True))
 
     def locate(self, line: int) -> tuple[str, int]:
         """The file and line the user wrote for a line of the (possibly merged) tree."""

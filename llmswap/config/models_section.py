@@ -159,16 +159,20 @@ def expand_model(
         if by_id is not None:
             apply_macros_to_keys(by_id, port_macro, f"{path}.filters.setParamsByID", problems)
     elif PORT_REFERENCE in proxy_text:
-        if cmd_text.strip():  # a missing cmd is reported on its own
-            fix = (
-                "set proxy to the URL the server listens on (e.g. http://127.0.0.1:8080)"
-                if proxy_is_default
-                else "use --port ${PORT} in cmd or a fixed port in proxy"
+        if cmd_text.strip() and proxy_is_default:  # the user wrote no proxy: the fix is in cmd
+            problems.error(
+                node.entries["cmd"].key_line,
+                f"{path}.cmd",
+                "cmd does not pass --port ${PORT}, so llmswap cannot tell where the server listens (proxy, "
+                "not set, defaults to http://localhost:${PORT}); add --port ${PORT} to cmd, or set proxy to "
+                "the URL the server listens on (e.g. http://127.0.0.1:8080)",
             )
+        elif cmd_text.strip():  # a missing cmd is reported on its own
             problems.error(
                 node.entries["proxy"].key_line,
                 f"{path}.proxy",
-                "proxy uses ${PORT} but cmd does not - ${PORT} is only available when used in cmd; " + fix,
+                "proxy uses ${PORT} but cmd does not - ${PORT} is only available when used in cmd; use "
+                "--port ${PORT} in cmd or a fixed port in proxy",
             )
         # Reported (or moot): keep report_unresolved from repeating it.
         assert isinstance(proxy_node, Scalar)
@@ -209,8 +213,7 @@ def read_model(
     if ttl < -1:
         fields.error(
             "ttl",
-            f"must be >= 0, got {_shown(ttl)}; "
-            "accepted: -1 (use globalTTL), 0 (never) or a positive number of seconds",
+            f"must be -1 (use globalTTL), 0 (never unload) or a positive number of seconds, got {_shown(ttl)}",
         )
         ttl = -1.0
     if ttl == -1:

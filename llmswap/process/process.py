@@ -39,7 +39,7 @@ from llmswap.process import sleeping
 from llmswap.process.child import Child, spawn_child
 from llmswap.process.durations import format_go_duration
 from llmswap.process.ending import terminate
-from llmswap.process.errors import StartAborted, StartFailed
+from llmswap.process.errors import StartAborted, StartFailed, spawn_problem
 from llmswap.process.events import LifeTimes, ProcessEvent, StopCause
 from llmswap.process.health import (
     HealthEndpointMissing,
@@ -220,7 +220,8 @@ class Process:
         try:
             child = await spawn_child(argv, env=self._env(), on_line=self._on_output)
         except (OSError, subprocess.SubprocessError) as exc:
-            failure = StartFailed(f"failed to start command '{self.config.argv_shown}': {exc}")
+            failure = StartFailed(f"failed to start command '{self.config.argv_shown}': "
+                                  f"{spawn_problem(exc, argv[0], self._env().get('PATH', ''))}")
             return self._start_failed(run, failure)
         run.child = child
         self.pid = child.pid

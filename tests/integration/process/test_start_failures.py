@@ -62,10 +62,22 @@ async def test_a_command_that_cannot_be_spawned_fails_clearly(make_process: Make
     config = demo_config("missing", port=port, cmd=("/nonexistent/llama-server", "--port", str(port)))
     process, events = make_process(config)
 
-    with pytest.raises(StartFailed, match=r"failed to start command '/nonexistent/llama-server --port \d+'"):
+    with pytest.raises(StartFailed, match=r"failed to start command '/nonexistent/llama-server --port \d+': "
+                                          r"/nonexistent/llama-server does not exist; fix the path in cmd"):
         await process.ensure_ready()
     assert events.kinds() == ["starting", "start_failed"]
     assert process.state is ProcessState.STOPPED
+
+
+async def test_a_program_that_is_not_on_path_is_named_with_the_path_it_was_looked_up_in(
+        make_process: MakeProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    port = free_port()
+    config = demo_config("missing", port=port, cmd=("llama-server-not-here", "--port", str(port)))
+    process, _ = make_process(config)
+    with pytest.raises(StartFailed, match=r"'llama-server-not-here' is not on PATH \(/usr/bin:/bin\); give "
+                                          r"its full path in cmd, or add its folder to PATH"):
+        await process.ensure_ready()
 
 
 async def test_a_taken_port_fails_before_spawning_and_names_the_holder(make_process: MakeProcess) -> None:

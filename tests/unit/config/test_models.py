@@ -99,8 +99,8 @@ def test_ttl_minus_one_uses_global_ttl_and_zero_means_never() -> None:
 
 def test_ttl_below_minus_one_says_what_is_accepted() -> None:
     assert one_error(model("    ttl: -5\n")) == (
-        "config.yaml:4: models.m.ttl: must be >= 0, got -5; "
-        "accepted: -1 (use globalTTL), 0 (never) or a positive number of seconds"
+        "config.yaml:4: models.m.ttl: must be -1 (use globalTTL), 0 (never unload) or a positive number of "
+        "seconds, got -5"
     )
 
 
@@ -411,9 +411,9 @@ def test_a_missing_cmd_names_the_near_miss_and_the_hint_stays_beside_the_errors(
     assert errors == [
         "config.yaml:2: models.other.cmd: is required: the command line that starts the model's server; "
         "'command' is not a key here, did you mean 'cmd'?",
-        "config.yaml:3: models.other.command: unknown key, ignored; did you mean 'cmd'?",
-        "config.yaml:5: models.other.ttl: must be >= 0, got -5; accepted: -1 (use globalTTL), 0 (never) or a "
-        "positive number of seconds",
+        "warning: config.yaml:3: models.other.command: unknown key, ignored; did you mean 'cmd'?",
+        "config.yaml:5: models.other.ttl: must be -1 (use globalTTL), 0 (never unload) or a positive number "
+        "of seconds, got -5",
     ]
 
 
