@@ -16,8 +16,9 @@ Before each system's run the models' pages are dropped from the page cache (`pos
 both files, which needs no root; as root, `/proc/sys/vm/drop_caches` as well): every system starts cold.
 Rows: total time, first token after a swap (p50, max), each swap phase's mean (llmswap's
 `llmswap_swap_phase_seconds`), prompt tokens processed again, and how many answers equal those of llmswap
-without kvCache (every prompt computed whole, as the peers do), each against the best peer (llama-swap or the router, whichever finished first). Needs llama-server
-(.ci/install-llama-server.sh) and about 2.2 GB of disk for the models.
+without kvCache (every prompt computed whole, as the peers do), each against the best peer (llama-swap or
+the router, whichever finished first). Needs llama-server (.ci/install-llama-server.sh) and about 2.2 GB of
+disk for the models.
 """
 
 from __future__ import annotations
