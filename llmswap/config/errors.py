@@ -37,7 +37,7 @@ class ConfigError(Exception):
     def __init__(self, problems: list[Problem] | tuple[Problem, ...]) -> None:
         self.problems: tuple[Problem, ...] = tuple(problems)
         # A warning listed among the errors (a hint that explains one) says it is one, as it does alone.
-        self.errors: tuple[str, ...] = tuple(("warning: " if p.warning else "") + str(p) for p in self.problems)
+        self.errors: tuple[str, ...] = tuple(f"{'warning: ' if p.warning else ''}{p}" for p in self.problems)
         super().__init__("\n".join(self.errors))
 
 

@@ -213,7 +213,8 @@ def read_model(
     if ttl < -1:
         fields.error(
             "ttl",
-            f"must be -1 (use globalTTL), 0 (never unload) or a positive number of seconds, got {_shown(ttl)}",
+            "must be -1 (use globalTTL), 0 (never unload) or a positive number of seconds, "
+            f"got {_shown(ttl)}",
         )
         ttl = -1.0
     if ttl == -1:

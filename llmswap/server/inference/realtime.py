@@ -16,7 +16,7 @@ from llmswap.server.http.errors import error_response
 from llmswap.server.inference.passthrough import UpstreamTarget, relay_socket
 from llmswap.server.inference.peers import resolve_peer
 from llmswap.server.inference.profiles import PROFILES
-from llmswap.server.inference.resolve import unknown_model_message
+from llmswap.server.inference.resolve import no_model_message, unknown_model_message
 from llmswap.server.inference.routes import query_with_model
 from llmswap.server.inference.selectors import SELECTORS, NoTarget, SelectorHold
 from llmswap.server.inference.websocket import is_upgrade
@@ -40,7 +40,7 @@ async def realtime(request: web.Request) -> web.StreamResponse:
     config = server.config
     pinned = request.app[PROFILES].active.pin(name)
     if pinned == "":
-        return error_response(request, 404, "no model id could be identified")
+        return error_response(request, 404, no_model_message(config, name))
     name = pinned or name
     lease: SelectorHold | None = None
     selector = config.selectors.get(name)

@@ -268,16 +268,34 @@ NOT_FOUND = "no router for requested model"  # llama-swap's words, which tools m
 SHOWN_NAMES = 20
 
 
-def unknown_model_message(config: Config, name: str) -> str:
-    """The 404 for a model no router serves: llama-swap's words, then the name asked for and what could be
-    asked for instead (listed models, their aliases, selectors and peers' models; the first twenty)."""
-    names = sorted(
+NO_MODEL = "no model id could be identified"  # llama-swap's words: the message starts so
+
+
+def no_model_message(config: Config, asked: str = "") -> str:
+    """The 404 for a request that names no model (or one the active profile turns off): where llmswap reads
+    the id from, and what could be asked for."""
+    if asked:
+        return f"{NO_MODEL}: the active profile disables {asked!r} (PUT /api/profiles/active changes it)"
+    names = _askable(config)
+    listed = f"; available are {', '.join(names[:SHOWN_NAMES])}" if names else ""
+    return (f'{NO_MODEL}: name one as "model" in the JSON body (a form field for uploads, or ?model= in the '
+            f"URL){listed}")
+
+
+def _askable(config: Config) -> list[str]:
+    return sorted(
         {m.id for m in config.models.values() if not m.unlisted}
         | {alias for alias, target in config.aliases.items()
            if target in config.models and not config.models[target].unlisted}
         | {s.id for s in config.selectors.values() if not s.unlisted}
         | {model for peer in config.peers.values() for model in peer.models}
     )
+
+
+def unknown_model_message(config: Config, name: str) -> str:
+    """The 404 for a model no router serves: llama-swap's words, then the name asked for and what could be
+    asked for instead (listed models, their aliases, selectors and peers' models; the first twenty)."""
+    names = _askable(config)
     if not names:
         return f"{NOT_FOUND} {name!r}: no model is configured"
     shown = ", ".join(names[:SHOWN_NAMES])

@@ -44,6 +44,7 @@ from llmswap.server.inference.resolve import (
     MalformedRequest,
     encode_form_value,
     identify,
+    no_model_message,
     renamed,
     unknown_model_message,
 )
@@ -219,7 +220,7 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
     if pinned is not None:
         found, raw = renamed(found, raw, pinned)
     if not found.model:
-        return error_response(request, 404, "no model id could be identified")
+        return error_response(request, 404, no_model_message(config, asked_for if pinned == "" else ""))
     lease: SelectorHold | None = None
     selector = config.selectors.get(found.model)
     if selector is not None:

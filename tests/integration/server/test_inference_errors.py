@@ -29,12 +29,14 @@ async def test_requests_without_a_usable_model(
     serve_config: ServeConfig, http: aiohttp.ClientSession
 ) -> None:
     served = await serve_config(exclusive_config(demo_config("m")))
+    said = ('no model id could be identified: name one as "model" in the JSON body (a form field for '
+            "uploads, or ?model= in the URL); available are m")
     async with http.post(served.at("/v1/chat/completions"), json=CHAT) as response:
         assert response.status == 404
-        assert (await error_of(response))["message"] == "no model id could be identified"
+        assert (await error_of(response))["message"] == said
     async with http.get(served.at("/props")) as response:
         assert response.status == 404
-        assert (await error_of(response))["message"] == "no model id could be identified"
+        assert (await error_of(response))["message"] == said
     async with http.post(served.at("/v1/chat/completions"), json={**CHAT, "model": "gpt-9"}) as response:
         assert response.status == 404
         error = await error_of(response)

@@ -83,7 +83,9 @@ async def test_pins_apply_before_aliases_and_routing_and_may_name_a_selector(
     assert (status, demo, answer["echo"]["body"]["model"]) == (200, "b", "b")  # the upstream sees the target
     assert (await chat(http, served, "alpha"))[2] == "b"  # the pin shadows the alias
     status, answer, _ = await chat(http, served, "a")
-    assert (status, answer["error"]["message"]) == (404, "no model id could be identified")  # disabled
+    assert (status, answer["error"]["message"]) == (  # disabled
+        404, "no model id could be identified: the active profile disables 'a' (PUT /api/profiles/active "
+             "changes it)")
     status, answer, demo = await chat(http, served, "pick")
     assert (demo, answer["echo"]["body"]["model"]) == ("a", "a")  # the pin names a selector, which picks a
     assert await put_active(http, served, {"name": None}) == (200, {"active": None})

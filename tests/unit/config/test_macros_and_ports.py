@@ -336,9 +336,9 @@ def test_proxy_using_port_without_cmd_using_it_is_an_error() -> None:
             cmd: svr --port 9000
         """)
     assert error == (
-        "config.yaml:3: models.fixed.cmd: cmd does not pass --port ${PORT}, so llmswap cannot tell where the "
-        "server listens (proxy, not set, defaults to http://localhost:${PORT}); add --port ${PORT} to cmd, or "
-        "set proxy to the URL the server listens on (e.g. http://127.0.0.1:8080)"
+        "config.yaml:3: models.fixed.cmd: cmd does not pass --port ${PORT}, so llmswap cannot tell where "
+        "the server listens (proxy, not set, defaults to http://localhost:${PORT}); add --port ${PORT} to "
+        "cmd, or set proxy to the URL the server listens on (e.g. http://127.0.0.1:8080)"
     )
     error = one_error("""\
         models:
