@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from yarl import URL
 
 from llmswap.server.http import auth, guard
 from llmswap.server.http.errors import error_response
@@ -75,6 +76,7 @@ class Answered(NamedTuple):
     phases: tuple[tuple[str, float], ...] = ()
     cached: int | None = None
     placed: str = ""
+    from_page: bool = False  # asked by llmswap's own status page (its Referer is /ui)
 
 
 UNMATCHED_ROUTE = "unmatched"
@@ -210,9 +212,12 @@ QUIET_ANSWERS = frozenset({(200, "/health"), (200, "/wol-health"), (404, "/favic
 
 def report(answered: Answered, observers: Sequence[RequestObserver]) -> None:
     """Write the access line of an answered request (formatted only when the access log takes its level)
-    and tell the observers. Health probes that pass (a container's, a monitor's: every few seconds) and a
-    browser's favicon request llmswap has no icon for are debug lines."""
-    level = logging.DEBUG if (answered.status, answered.path) in QUIET_ANSWERS else logging.INFO
+    and tell the observers. Health probes that pass (a container's, a monitor's: every few seconds), a
+    browser's favicon request llmswap has no icon for, and what an open status page asks for itself (its
+    polling, about one request a second) are debug lines, unless they fail."""
+    page_poll = answered.from_page and answered.status < 400
+    quiet = page_poll or (answered.status, answered.path) in QUIET_ANSWERS
+    level = logging.DEBUG if quiet else logging.INFO
     if access_logger.isEnabledFor(level):
         line = access_line(answered.remote, answered.method, answered.path, answered.status,
                            answered.seconds, answered.model, answered)
@@ -274,8 +279,14 @@ async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
         observers: list[RequestObserver] = request.app.get(REQUEST_OBSERVERS, [])
         report(Answered(request.method, request.path, route_label(request), request.remote, record.model,
                         status, time.monotonic() - started, record.waited, record.load, record.first_byte,
-                        record.cut, record.phases, record.cached, record.placed),
+                        record.cut, record.phases, record.cached, record.placed, _from_page(request)),
                observers)
+
+
+def _from_page(request: web.BaseRequest) -> bool:
+    """Whether the status page itself asked (a fetch from /ui sends it as its Referer)."""
+    referer = request.headers.get(hdrs.REFERER, "")
+    return bool(referer) and URL(referer).path.startswith("/ui")
 
 
 def route_label(request: web.BaseRequest) -> str:

@@ -101,16 +101,25 @@ class PeerWatch:
         headers, _ = peer_headers(peer, {}, llmswap_has_keys=False)  # as every request to the peer goes
         url = peer.proxy.rstrip("/") + "/api/events"
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=STALE_AFTER)
+        told = ""  # the last problem logged: a peer that stays away is logged once, not every retry
         async with aiohttp.ClientSession(timeout=timeout) as http:
             while True:
                 try:
                     async with http.get(url, headers=headers) as response:
                         if response.status != 200:
-                            raise ConnectionError(f"{url} answered {response.status}")
+                            raise ConnectionError(f"{url} answered {response.status}"
+                                                  f"{_status_hint(response.status, peer.id)}")
                         backoff = 0.5
+                        told = ""
                         await self._read(peer.id, response)
                 except (aiohttp.ClientError, ConnectionError, TimeoutError, ValueError) as exc:
-                    log.debug("peer %s: events stream: %s", peer.id, exc)
+                    problem = str(exc) or type(exc).__name__
+                    if problem != told and not self._connected.get(peer.id):
+                        log.warning("peer %s: cannot follow its state at %s: %s; it is not a candidate until "
+                                    "it answers (retrying every %.0fs at most)", peer.id, url, problem, 10.0)
+                        told = problem
+                    else:
+                        log.debug("peer %s: events stream: %s", peer.id, problem)
                 if self._connected.pop(peer.id, False):
                     log.warning("peer %s: its events stream closed; not a candidate until it is back",
                                 peer.id)
@@ -159,6 +168,14 @@ class PeerWatch:
                                                int(data.get("waiting") or 0), old.listed)
             elif data.get("state"):
                 view.models[model] = ModelView(str(data["state"]), old.in_flight, old.waiting, old.listed)
+
+
+def _status_hint(status: int, peer: str) -> str:
+    if status in (401, 403):
+        return f" (check peers.{peer}.apiKey: it must be one of that host's apiKeys)"
+    if status == 404:
+        return " (is it an llmswap? discover: true follows another llmswap's /api/events)"
+    return ""
 
 
 def _free_memory(extras: Any) -> int | None:

@@ -153,3 +153,16 @@ async def test_a_model_only_a_discover_peer_defines_is_served_through_it_and_lis
                 message = (await response.json())["error"]["message"]
             assert "'q'" in message and "b defined it but is down or not answering" in message
             assert "q" not in [m["id"] for m in await get_model_ids(a)]
+
+
+async def test_a_peer_that_never_answers_is_named_in_a_warning_once(tmp_path: Path) -> None:
+    from tests.helpers.demo import free_port
+
+    away = f"http://127.0.0.1:{free_port()}"  # nobody listens there
+    config = write_config(tmp_path / "a.yaml", {"m": demo_model("m")}, peers={"b": {"proxy": away,
+                                                                                   "discover": True}})
+    async with running_llmswap(config) as a:
+        line = await a.wait_for_output("peer b: cannot follow its state")
+        assert f"{away}/api/events" in line and "not a candidate until it answers" in line
+        assert await chat(a) == 200  # served here meanwhile
+        assert len([x for x in a.stdout_lines + a.stderr_lines if "peer b: cannot follow" in x]) == 1

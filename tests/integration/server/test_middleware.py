@@ -39,6 +39,21 @@ async def test_one_access_line_per_request_naming_the_model(serve_config, http, 
     assert '"GET /nope" 404 ' in lines[2]
 
 
+async def test_the_status_pages_own_polling_is_logged_at_debug_unless_it_fails(serve_config, http, caplog):
+    served = await serve_config(exclusive_config(demo_config("m")))
+    page = {"Referer": served.at("/ui")}
+    with caplog.at_level(logging.DEBUG, logger="llmswap.access"):
+        async with http.get(served.at("/running"), headers=page) as resp:
+            assert resp.status == 200
+        async with http.get(served.at("/api/nope"), headers=page) as resp:
+            assert resp.status == 404
+        async with http.get(served.at("/running")) as resp:  # asked by someone else: a line as always
+            assert resp.status == 200
+    levels = [(r.levelno, r.getMessage().split('"')[1]) for r in caplog.records if r.name == "llmswap.access"]
+    assert levels == [(logging.DEBUG, "GET /running"), (logging.INFO, "GET /api/nope"),
+                      (logging.INFO, "GET /running")]
+
+
 async def test_an_inference_access_line_says_where_its_time_went(serve_config, http, caplog):
     served = await serve_config(exclusive_config(demo_config("m", "--startup-delay", "0.3")))
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -48,8 +63,9 @@ async def test_an_inference_access_line_says_where_its_time_went(serve_config, h
             await resp.read()
     line = next(r.getMessage() for r in caplog.records if r.name == "llmswap.access")
     fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
-    assert set(fields) == {"model", "queue", "load", "ttfb", "decode", "cached"}
+    assert set(fields) == {"model", "queue", "load", "phases", "ttfb", "decode", "cached"}
     assert fields["cached"] == "0"  # the demo reports llama.cpp timings: none of its prompt was cached
+    assert fields["phases"].startswith("start:")  # nothing to stop, nothing in flight: its start alone
     load = float(fields["load"].removesuffix("ms"))
     assert load >= 300.0, "the wait was mostly the model's load (its /health answers 503 for 0.3 s)"
     assert float(fields["ttfb"].removesuffix("ms")) >= load
