@@ -23,7 +23,7 @@ $(TEST_STAMP): $(RUN_STAMP)
 	@touch $@
 
 run: $(RUN_STAMP)
-	@$(VENV)/bin/llmswap --config examples/demo.yaml --listen $(LISTEN)
+	@LLMSWAP_LISTEN_HINT="make run LISTEN=HOST:PORT" $(VENV)/bin/llmswap --config examples/demo.yaml --listen $(LISTEN)
 
 test: $(TEST_STAMP)
 	$(PY) -m ruff check llmswap tests bench

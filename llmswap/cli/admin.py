@@ -27,6 +27,7 @@ from urllib.parse import quote, urlsplit
 from llmswap.cli.args import flag, parse_listen
 
 API_KEY_ENV = "LLMSWAP_API_KEY"
+URL_ENV = "LLMSWAP_URL"  # the running llmswap's address, when --url does not give it
 DEFAULT_URL = "http://127.0.0.1:8080"
 COMMANDS = ("ps", "load", "unload")
 TIMEOUT = 10.0  # seconds for every call but `load`, which waits as long as the model takes to start
@@ -41,9 +42,9 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         parser = subcommands.add_parser(name, help=help_text, description=f"{help_text}. The API key, when "
                                         f"the server needs one, is read from ${API_KEY_ENV}.")
-        flag(parser, "url", default=DEFAULT_URL,
+        flag(parser, "url", default=os.environ.get(URL_ENV, "").strip() or DEFAULT_URL,
              help=f"the running llmswap's address: a URL or HOST:PORT, as --listen takes it (default "
-                  f"{DEFAULT_URL})")
+                  f"${URL_ENV}, else {DEFAULT_URL})")
         return parser
 
     ps = command("ps", "show the models that run or have requests: state, footprint, in flight, queued")

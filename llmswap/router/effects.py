@@ -287,7 +287,11 @@ class RouterEffects(Effects):
             log.info("swap: %s ready in %.2fs (evicted %s, rule %s; %s)", plan.model, duration,
                      ", ".join(evicted) or "nothing", plan.rule, shown or "no phase measured")
         else:
-            log.warning("swap: %s failed after %.2fs: %s", plan.model, duration, error)
+            # The process logged the whole failure, with the server's last output: its first line here.
+            first, *rest = str(error).splitlines() or [""]
+            log.warning("swap: %s failed after %.2fs: %s%s", plan.model, duration,
+                        first.removesuffix("; last output:"),
+                        " (the server's last output is in the lines above)" if rest else "")
         self._post(SwapDone(plan.model, error, duration))
 
     def _prefetch_so_far(self, model: str) -> tuple[SwapPhase, ...]:
@@ -324,7 +328,7 @@ class RouterEffects(Effects):
         excess = sleepers_to_stop(self.processes, self.config.max_sleeping, keep)
         if excess:
             log.info("more than %d models asleep (maxSleeping): stopping %s", self.config.max_sleeping,
-                     excess)
+                     ", ".join(excess))
             await asyncio.gather(*(self.processes[m].stop(self.processes[m].config.unload_timeout)
                                    for m in excess))
 

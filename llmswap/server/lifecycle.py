@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import ssl
 import time
@@ -77,6 +78,10 @@ class ServeOptions:
 
 class StartError(Exception):
     """The server cannot start; the message says what to change."""
+
+
+# How the command that started llmswap chooses its address, when not with --listen (`make run` sets it).
+LISTEN_HINT_ENV = "LLMSWAP_LISTEN_HINT"
 
 
 class ListenError(StartError):
@@ -170,9 +175,10 @@ class Server:
             await self.runner.cleanup()
             await self.state.router.shutdown(HURRY_GRACE)
             where = f"{self.options.host}:{self.options.port}"
+            how = os.environ.get(LISTEN_HINT_ENV, "").strip() or "--listen HOST:PORT"
             raise ListenError(
                 f"cannot listen on {where}: {exc.strerror or exc}; "
-                f"is another server using it? choose another address with --listen HOST:PORT"
+                f"is another server using it? choose another address with {how}"
             ) from None
         self.url = _url(self.runner, self.options.host, "https" if tls else "http")
         log.info("llmswap %s listening on %s (%d models, router %s); the status page is %s/ui", __version__,

@@ -50,6 +50,14 @@ def test_the_url_takes_host_and_port_as_listen_does() -> None:
         Client("llmswap")
 
 
+def test_llmswap_url_in_the_environment_is_the_default_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMSWAP_URL", "127.0.0.1:9090")
+    assert build_parser().parse_args(["ps"]).url == "127.0.0.1:9090"
+    assert build_parser().parse_args(["load", "m", "--url", ":8081"]).url == ":8081"  # the flag wins
+    monkeypatch.delenv("LLMSWAP_URL")
+    assert build_parser().parse_args(["unload"]).url == "http://127.0.0.1:8080"
+
+
 def test_every_admin_and_task_flag_takes_one_dash_as_with_two() -> None:
     parser = build_parser()
     args = parser.parse_args(["ps", "-all", "-json", "-url", "127.0.0.1:8081"])

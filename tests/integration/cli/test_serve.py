@@ -154,6 +154,12 @@ async def test_busy_listen_address_exits_1_naming_it(tmp_path: Path) -> None:
             assert f"{HOST}:{port}" in line
             assert "--listen" in line
             assert not any("Traceback" in err for err in server.stderr_lines)
+        # Under `make run` the way to choose the address is make's own (the Makefile says so).
+        hint = {"LLMSWAP_LISTEN_HINT": "make run LISTEN=HOST:PORT"}
+        async with running_llmswap(config, port=port, healthy=False, env=hint) as server:
+            assert await server.wait_exit(WITHIN) == 1
+            line = await server.wait_for_output("cannot listen", stderr=True)
+            assert line.endswith("choose another address with make run LISTEN=HOST:PORT")
 
 
 async def test_log_options_shape_stdout(tmp_path: Path) -> None:
@@ -254,3 +260,16 @@ async def test_a_stream_through_upstream_is_cut_at_the_grace_deadline_like_any_o
     assert "shutting down" in events[-2].json()["error"]["message"]
     assert code == 0
     assert any("cut=shutdown" in line and "/upstream/slow/" in line for line in server.stdout_lines)
+
+
+async def test_a_failed_start_is_logged_in_full_once(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "config.yaml", {"crash": demo_model("crash", "--exit-after", "0")})
+    async with running_llmswap(config) as server, aiohttp.ClientSession() as http:
+        async with http.post(f"{server.url}/v1/chat/completions", json=chat("crash")) as response:
+            assert response.status >= 500
+        swap_line = await server.wait_for_output("swap: crash failed after")
+    output = server.stdout_lines + server.stderr_lines
+    quoted = [line for line in output if "exiting with code 3" in line]
+    assert len(quoted) == 1, "\n".join(output)  # quoted by the start failure, not again by the swap
+    assert swap_line.endswith("upstream command exited prematurely (exit code 3) (the server's last output "
+                              "is in the lines above)")
