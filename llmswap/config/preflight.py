@@ -50,7 +50,7 @@ def _model_warnings(model: ModelConfig) -> list[str]:
 
 
 def _file_arguments(argv: tuple[str, ...]) -> list[tuple[str, str]]:
-    """The model files `argv` names: FILE_FLAGS values that look like paths (`python -m module` does not)."""
+    """The model files `argv` names: FILE_FLAGS values that look like paths."""
     pairs: list[tuple[str, str]] = []
     for index, part in enumerate(argv):
         flag, equals, value = part.partition("=")
@@ -58,4 +58,10 @@ def _file_arguments(argv: tuple[str, ...]) -> list[tuple[str, str]]:
             pairs.append((flag, value))
         elif part in FILE_FLAGS and index + 1 < len(argv):
             pairs.append((part, argv[index + 1]))
-    return [(flag, value) for flag, value in pairs if os.sep in value or value.endswith(MODEL_SUFFIXES)]
+    return [(flag, value) for flag, value in pairs if _looks_like_a_path(value)]
+
+
+def _looks_like_a_path(value: str) -> bool:
+    """`/srv/m.gguf`, `~/m.gguf`, `./m.gguf`, `m.gguf`; not `llmswap.demo` (python -m) nor `org/name` (a
+    model repository vLLM downloads)."""
+    return value.startswith(("/", "~", "./", "../")) or value.endswith(MODEL_SUFFIXES)
