@@ -106,13 +106,18 @@ async def test_every_view_draws_what_the_api_holds(tmp_path: Path) -> None:
         await page.wait_for(n("#chart-swaps rect[data-model='alpha']") + " === 2",
                             what="alpha loaded twice on the timeline")
         assert await count(page, "#chart-swaps rect[data-model='beta']") == 1
+        # Each swap is also drawn as its phases: three starts, and the two stops that made room.
+        assert await count(page, "#chart-swaps rect.phase[data-phase='start']") == 3
+        assert await count(page, "#chart-swaps rect.phase[data-phase='stop']") == 2
         await page.wait_for(n("#chart-memory circle") + " > 0", what="memory points")
 
         # Hardware.
         await page.wait_for(n("#hardware tr[data-key]") + " > 0", what="the hardware rows")
 
-        # Playground: two turns of one conversation.
-        await page.wait_for("document.getElementById('pg-model').value !== ''", what="a model to chat with")
+        # Playground: it offers the model that is loaded (asking it swaps nothing), not the first by name;
+        # then two turns of one conversation.
+        assert await chat(http, served, "beta") == 200
+        await page.wait_for("document.getElementById('pg-model').value === 'beta'", what="the loaded model")
         for message in ("first question", "second question"):
             await page.evaluate(f"document.getElementById('pg-prompt').value = {message!r}")
             await page.evaluate("document.getElementById('pg-send').click()")

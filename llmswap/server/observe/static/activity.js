@@ -191,7 +191,16 @@ function renderExtras() {
     const chosen = select.value;
     select.replaceChildren(...ids.map((id) => el("option", { value: id }, id)));
     if (ids.includes(chosen)) select.value = chosen;
+    else select.value = loadedModel(ids) || ids[0] || "";  // a loaded model: asking it swaps nothing
   }
+  if (!select.dataset.touched && select.value && view.models.get(select.value)?.state !== "ready") {
+    const loaded = loadedModel(ids);  // until the user picks one, follow what is loaded
+    if (loaded) select.value = loaded;
+  }
+}
+
+function loadedModel(ids) {
+  return ids.find((id) => view.models.get(id)?.state === "ready");
 }
 
 async function play() {
@@ -289,3 +298,4 @@ loadActivity();
 loadKvCache();
 loadMachine();
 setInterval(loadMachine, MACHINE_EVERY_MS);
+document.getElementById("pg-model").addEventListener("change", (event) => { event.target.dataset.touched = "1"; });
