@@ -1,10 +1,11 @@
 # The README's two commands live here: `make run` and `make test`. Each bootstraps .venv on first use:
 # `make run` installs llmswap and what running it needs, nothing more; `make test` adds the test, lint and
-# PostgreSQL extras.
+# PostgreSQL extras. pip says nothing but errors (-qq), and the build backend's notices about editable
+# installs are silenced (PYTHONWARNINGS): llmswap's first line is the first thing a newcomer reads.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
+PIP    := PYTHONWARNINGS=ignore $(PY) -m pip install -qq --disable-pip-version-check
 RUN_STAMP  := $(VENV)/.run-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 LISTEN ?= 127.0.0.1:8080

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from llmswap.tasks.queue import shared
 from llmswap.tasks.queue.db import NOTIFY_CHANNEL, TaskDatabaseError, init_db
 from llmswap.tasks.queue.shared import HostEntry, HostNameTaken
-from llmswap.tasks.queue.sql import TaskDatabaseUnavailable, display
+from llmswap.tasks.queue.sql import display
 
 log = logging.getLogger("llmswap.tasks")
 
@@ -48,15 +48,14 @@ class QueueHost:
         self.failed: str | None = None  # why this host could not join (its name is taken)
         self.hosts: list[HostEntry] = []  # every registered host, as the last heartbeat read them
         self._tasks: list[asyncio.Task[None]] = []
+        # Why the database cannot be reached, while it cannot: an outage is one warning when it begins and
+        # one line when it ends, whichever of the join, the heartbeat or the listener meets it.
+        self.outage: str | None = None
 
     def start(self) -> None:
-        """Make the tables now if the database answers (the first submission finds them), else when joining
-        (retried); then heartbeat and listen."""
-        try:
-            init_db(self.db)
-            self._tables = True
-        except TaskDatabaseUnavailable as exc:
-            log.warning("tasks: %s; joining the queue once it answers", exc)
+        """Join in the background: the tables are made (or checked) in a worker thread as the host joins,
+        retried while the database is away, so llmswap serves its models at once whatever the database does.
+        Until then task requests answer 503 (`TaskDatabaseUnavailable`); then heartbeat and listen."""
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._heartbeat(), name="tasks-heartbeat"),
                        loop.create_task(self._listen(), name="tasks-listen")]
@@ -116,13 +115,14 @@ class QueueHost:
                     return False
                 log.warning("tasks: %s; waiting for its heartbeat to lapse", exc)
             except Exception as exc:  # the database is not there yet
-                log.warning("tasks: cannot reach the shared queue at %s: %s", display(self.db), exc)
+                self._down(exc)
             await asyncio.sleep(self.interval)
         try:
             self._report(await asyncio.to_thread(shared.reap, self.db, self._max_preemptions(),
                                                  predecessor_of=(self.name, self.instance)))
         except Exception as exc:  # their leases lapse anyway, and any host's heartbeat reaps them then
             log.warning("tasks: taking back the tasks of an earlier %s failed: %s", self.name, exc)
+        self._up()
         log.info("tasks: host %s joined the shared queue at %s", self.name, display(self.db))
         self.joined.set()
         self._wake()
@@ -136,11 +136,26 @@ class QueueHost:
             try:
                 await self._beat()
                 self._report(await asyncio.to_thread(shared.reap, self.db, self._max_preemptions()))
+                self._up()
             except HostNameTaken as exc:
                 log.error("tasks: %s (this host's heartbeat lapsed and another took its name)", exc)
             except Exception as exc:
-                log.warning("tasks: the shared queue at %s is unreachable: %s", display(self.db), exc)
+                self._down(exc)
             self._wake()  # the safety net: look at the queue again
+
+    def _down(self, exc: BaseException) -> None:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        if self.outage is None:
+            log.warning("tasks: the shared queue's database %s cannot be reached (%s); models are served as "
+                        "before, task requests answer 503 until it is back", display(self.db), reason)
+        else:
+            log.debug("tasks: the shared queue's database is still away: %s", reason)
+        self.outage = reason
+
+    def _up(self) -> None:
+        if self.outage is not None:
+            log.info("tasks: the shared queue's database %s answers again", display(self.db))
+        self.outage = None
 
     def _report(self, reaped: list[shared.Reaped]) -> None:
         for task in reaped:
@@ -163,9 +178,8 @@ class QueueHost:
                         self._wake()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
-                log.warning("tasks: listening to %s failed (%s); again in %.1f s",
-                            display(self.db), exc, delay)
+            except Exception as exc:  # the heartbeat reports the outage; this only retries
+                log.debug("tasks: listening to %s failed (%s); again in %.1f s", display(self.db), exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
 

@@ -12,6 +12,7 @@ when a URL is used, so a SQLite user never needs it.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -79,6 +80,10 @@ def _pool(url: str) -> Any:
             if missing:
                 raise RuntimeError(missing)
             from psycopg_pool import ConnectionPool
+
+            # The pool logs every failed connection attempt while the database is away (dozens of lines a
+            # minute); the queue host reports an outage once as it begins and once as it ends instead.
+            logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
             # check: a connection is tried before it is lent (one round trip), so the first statement after
             # the database restarted does not fail on a connection the restart broke.

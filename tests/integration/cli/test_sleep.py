@@ -70,8 +70,12 @@ async def test_two_sleeping_models_start_once_each_and_wake_after(tmp_path: Path
         assert len(lines(server, f"[{model}] asleep in")) == 1 + (model == "a"), server.output()
         assert len(lines(server, f"[{model}] awake in")) == 1, server.output()
     assert third < first and fourth < first  # a wake, not a start (1 s), in the same run
-    assert lines(server, "swap: b ready in") and "evicted ['a (asleep)']" in lines(server, "swap: b ready")[0]
+    assert lines(server, "swap: b ready in") and "(evicted a (asleep)," in lines(server, "swap: b ready")[0]
     assert 'llmswap_model_sleep_duration_seconds_count{action="wake",model="a"} 1.0' in metrics
+    # A wake is a phase of its own, in place of a start; the sleep that made room is the victim's stop.
+    assert 'llmswap_swap_phase_seconds_count{model="a",phase="wake"} 1.0' in metrics
+    woke = [line for line in lines(server, '"POST /v1/chat/completions" 200') if "model=a " in line][-1]
+    assert " phases=stop:" in woke and ",wake:" in woke and "start:" not in woke
 
 
 async def test_max_sleeping_zero_stops_instead(tmp_path: Path) -> None:

@@ -312,12 +312,22 @@ async def test_a_host_started_before_its_database_joins_once_the_database_is_up(
             body = {"type": "letters", "params": {"messages": [{"role": "user", "content": "x"}]}}
             async with http.post(f"{one.url}/api/tasks", json=body) as response:
                 assert response.status == 503, await response.text()
+            # Served before the database was even tried to the end: the outage is told after listening.
+            warned = await one.wait_for_output("the shared queue's database", within=30)
+            lines = one.stdout_lines + one.stderr_lines
+            listening = next(i for i, line in enumerate(lines) if "listening on" in line)
+            assert listening < lines.index(warned) and "cannot be reached" in warned
             own.start()
             await eventually(lambda: _joined(http, one, 1), within=30,
                              what="box1 joining once the database is up")
             task_id = await submit(http, one, "letters", 0)
             await eventually(lambda: all_done(http, one, [task_id]), within=20, what="the task running")
             assert (await tasks_of(http, one))[task_id]["status"] == "completed"
+            await one.wait_for_output("the shared queue's database", within=5)
+            told = [line for line in one.stdout_lines + one.stderr_lines if "database" in line.lower()
+                    or "psycopg" in line or "pool" in line]
+            # One line as the outage began, one as it ended: not one per attempt, nothing from the pool.
+            assert len(told) == 2 and "answers again" in told[1], "\n".join(told)
 
 
 async def test_a_host_stopped_with_sigterm_hands_its_running_task_back_at_once(
