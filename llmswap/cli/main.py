@@ -37,6 +37,7 @@ from llmswap.cli.args import (
 )
 from llmswap.config import Config, ConfigError, ConfigSources, format_config
 from llmswap.config.preflight import command_warnings
+from llmswap.config.schema import schema_text
 
 LOG_LEVELS = ("debug", "info", "warn", "error")
 
@@ -80,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", metavar="FILE", type=Path, nargs="?", help="the config file to check")
     add_config_arguments(check, subcommand=True)
 
+    commands.add_parser(
+        "schema", help="print the config's JSON Schema (what config-schema.json holds), for editors",
+        description="Print the JSON Schema (draft 2020-12) of llmswap's config file: every key it accepts, "
+                    "llama-swap's and its own, with its type, default and what it does. Editors check a "
+                    "config.yaml against it: begin the file with `# yaml-language-server: "
+                    "$schema=config-schema.json` (a path or URL of the schema).",
+    )
     task_cli.add_parser(commands)
     admin_cli.add_parsers(commands)
     return parser
@@ -146,6 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check-config":
         return check_config(config_sources(args, parser, file=args.file))
+    if args.command == "schema":
+        sys.stdout.write(schema_text())
+        return 0
     if args.command == "tasks":
         return task_cli.run(config_sources(args, parser), args)
     if args.command in admin_cli.COMMANDS:

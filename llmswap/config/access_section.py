@@ -7,15 +7,16 @@ bad entry with its line.
 
 from __future__ import annotations
 
+from llmswap.config import keys
 from llmswap.config.fields import Fields
 from llmswap.config.origins import HostPattern, OriginPattern, parse_host_pattern, parse_origin_pattern
 
-CORS_KEYS = ("allowedOrigins",)
+CORS_KEYS = keys.CORS  # the keys the loader accepts here (llmswap.config.keys)
 
 
 def read_allowed_origins(root: Fields) -> tuple[OriginPattern, ...]:
     cors = root.mapping("cors", "a mapping with allowedOrigins:")
-    cors.warn_unknown(CORS_KEYS)
+    cors.warn_unknown(keys.CORS)
     patterns: list[OriginPattern] = []
     for text, line, where in cors.texts("allowedOrigins", "a list of origins such as https://chat.example.com"):
         try:

@@ -12,12 +12,13 @@ import os
 import re
 from pathlib import Path
 
+from llmswap.config import keys
 from llmswap.config.fields import Fields
 from llmswap.config.model import ActivityConfig, PerformanceConfig
 from llmswap.config.tasks_section import resolve_path
 
-STORE_KEYS = ("path", "retention")
-PERFORMANCE_KEYS = ("disabled", "every")
+STORE_KEYS = keys.STORE  # the keys the loader accepts here (llmswap.config.keys)
+PERFORMANCE_KEYS = keys.PERFORMANCE  # the keys the loader accepts here (llmswap.config.keys)
 MIN_EVERY = 5.0
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -49,7 +50,7 @@ def read_activity(root: Fields, base_dir: Path) -> ActivityConfig:
     retention = defaults.store_retention
     if "store" in root.map.entries:
         store = root.mapping("store", "a mapping with path: (and retention:)")
-        store.warn_unknown(STORE_KEYS)
+        store.warn_unknown(keys.STORE)
         text = store.text("path").strip()
         if not text:
             store.error("path" if store.has("path") else None,
@@ -82,7 +83,7 @@ def read_performance(root: Fields) -> PerformanceConfig:
     if "performance" not in root.map.entries:
         return defaults
     fields = root.mapping("performance", "a mapping with disabled: and every:")
-    fields.warn_unknown(PERFORMANCE_KEYS)
+    fields.warn_unknown(keys.PERFORMANCE)
     every = defaults.every
     if fields.has("every"):
         try:

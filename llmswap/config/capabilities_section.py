@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from llmswap.config import keys
 from llmswap.config.fields import Fields
 from llmswap.config.model import Capabilities
 
 MODALITIES = ("text", "audio", "image")
-CAPABILITY_KEYS = ("in", "out", "tools", "reranker", "context")
+CAPABILITY_KEYS = keys.CAPABILITIES  # the keys the loader accepts here (llmswap.config.keys)
 
 
 def read_capabilities(fields: Fields) -> Capabilities | None:

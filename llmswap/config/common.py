@@ -6,11 +6,12 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
+from llmswap.config import keys
 from llmswap.config.fields import Fields
 from llmswap.config.model import Filters, Timeouts
 from llmswap.config.yamltree import Map, describe, to_python
 
-FILTER_KEYS = ("stripParams", "strip_params", "setParams", "setParamsByID")
+FILTER_KEYS = keys.FILTERS  # the keys the loader accepts here (llmswap.config.keys)
 TIMEOUT_KEYS = {
     "connect": "connect",
     "keepalive": "keepalive",
@@ -47,7 +48,7 @@ def _params(value: Any) -> dict[str, Any]:
 
 
 def read_filters(fields: Fields) -> Filters:
-    fields.warn_unknown(FILTER_KEYS)
+    fields.warn_unknown(keys.FILTERS)
     strip = fields.text("stripParams")
     if not strip.strip():
         strip = fields.text("strip_params")  # llama-swap's original spelling, still accepted
@@ -73,7 +74,7 @@ def read_filters(fields: Fields) -> Filters:
 
 
 def read_timeouts(fields: Fields, defaults: Timeouts) -> Timeouts:
-    fields.warn_unknown(TIMEOUT_KEYS)
+    fields.warn_unknown(keys.TIMEOUTS)
     changes = {
         attribute: fields.number(
             key, getattr(defaults, attribute), minimum=0, accepted="0 (no limit) or seconds"

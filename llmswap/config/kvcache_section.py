@@ -12,12 +12,13 @@ import hashlib
 import re
 from pathlib import Path
 
+from llmswap.config import keys
 from llmswap.config.fields import Fields
 from llmswap.config.model import DEFAULT_KV_MAX_SIZE, KvCacheSettings
 from llmswap.config.settings_section import read_choice
 from llmswap.config.tasks_section import resolve_path
 
-KV_CACHE_KEYS = ("dir", "maxSize", "saveTimeout", "restoreTimeout", "save")
+KV_CACHE_KEYS = keys.KV_CACHE  # the keys the loader accepts here (llmswap.config.keys)
 SAVE_MODES = ("auto", "always")
 SAVE_PATH_FLAG = "--slot-save-path"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -29,7 +30,7 @@ def read_kv_cache(root: Fields, state_dir: Path, base_dir: Path) -> KvCacheSetti
     if "kvCache" not in root.map.entries:
         return defaults
     fields = root.mapping("kvCache", "a mapping with dir:, maxSize:, saveTimeout:, restoreTimeout:, save:")
-    fields.warn_unknown(KV_CACHE_KEYS)
+    fields.warn_unknown(keys.KV_CACHE)
     folder = fields.text("dir").strip()
     max_size = fields.size("maxSize", DEFAULT_KV_MAX_SIZE) or 0
     if max_size <= 0:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
+from llmswap.config import keys
 from llmswap.config.access_section import read_allowed_hosts, read_allowed_origins
 from llmswap.config.activity_section import read_activity, read_performance
 from llmswap.config.envsubst import mark_env, substitute_env, written_form
@@ -50,47 +51,9 @@ from llmswap.config.sleep_section import read_max_sleeping
 from llmswap.config.tasks_section import read_tasks, resolve_path
 from llmswap.config.yamltree import Map, parse_document
 
-TOP_LEVEL_KEYS = (
-    "healthCheckTimeout",
-    "logLevel",
-    "logTimeFormat",
-    "logToStdout",
-    "startPort",
-    "sendLoadingState",
-    "includeAliasesInList",
-    "globalTTL",
-    "unloadTimeout",
-    "macros",
-    "models",
-    "apiKeys",
-    "hooks",
-    "peers",
-    "routing",
-    "groups",
-    "matrix",
-    "upstream",
-    # llmswap additions
-    "maxRequestBodySize",
-    "clientHeaderTimeout",
-    "stateDir",
-    "tasks",
-    "cors",
-    "allowedHosts",
-    "selectors",
-    "profiles",
-    "metricsMaxInMemory",
-    "captureBuffer",
-    "store",
-    "performance",
-    "kvCache",
-    "maxSleeping",
-    "prefetch",
-)
+TOP_LEVEL_KEYS = keys.ROOT  # the keys the loader accepts here (llmswap.config.keys)
 # llama-swap features llmswap does not have; a llama-swap file carrying them still loads.
-IGNORED_TOP_LEVEL_KEYS = (
-    "ui",
-    "logRequests",
-)
+IGNORED_TOP_LEVEL_KEYS = keys.ROOT.ignored  # the keys the loader accepts here (llmswap.config.keys)
 DEFAULT_STATE_DIR = ".llmswap-state"
 # Where the state goes when the config names no stateDir: a service unit or a container image sets it to
 # its state directory or volume, so a config copied from llama-swap needs no edit.
@@ -153,7 +116,7 @@ def load_tree(
     """The `Config` a parsed tree describes; `problems` names its file(s); `written` is the same tree with
     `${env.NAME}` kept (see `parse_written_text`), for the commands shown to people. Raises `ConfigError`."""
     root = Fields(tree, "", problems)
-    root.warn_unknown(TOP_LEVEL_KEYS, IGNORED_TOP_LEVEL_KEYS)
+    root.warn_unknown(keys.ROOT, keys.ROOT.ignored)
 
     global_macros = read_macros(tree.get("macros"), "macros", problems)
     for key, entry in tree.entries.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmswap.config import keys
 from llmswap.config.capabilities_section import read_capabilities
 from llmswap.config.commands import split_command, strip_comment_lines
 from llmswap.config.common import is_http_url, read_filters, read_timeouts
@@ -40,38 +41,7 @@ KV_DIR = "KV_DIR"
 MAX_PORT = 65535
 MIN_MODEL_HEALTH_CHECK_TIMEOUT = 1.0
 
-MODEL_KEYS = (
-    "cmd",
-    "cmdStop",
-    "proxy",
-    "checkEndpoint",
-    "ttl",
-    "unloadTimeout",
-    "healthCheckTimeout",
-    "aliases",
-    "env",
-    "useModelName",
-    "unlisted",
-    "name",
-    "description",
-    "concurrencyLimit",
-    "filters",
-    "macros",
-    "metadata",
-    "sendLoadingState",
-    "timeouts",
-    "compat",
-    "capabilities",
-    # llmswap additions
-    "vram",
-    "gpus",
-    "persistent",
-    "deadlineMs",
-    "kvCache",
-    "sleep",
-    "wake",
-    "prefetch",
-)
+MODEL_KEYS = keys.MODEL  # the keys the loader accepts here (llmswap.config.keys)
 
 
 @dataclass(frozen=True)
@@ -198,7 +168,7 @@ def read_model(
     model_id: str, line: int, fields: Fields, port: int | None, defaults: ModelDefaults
 ) -> ModelDraft:
     """The `ModelConfig` of one expanded model, plus where its aliases were written."""
-    fields.warn_unknown(MODEL_KEYS)
+    fields.warn_unknown(keys.MODEL)
     cmd, cmd_text = _command(fields, "cmd", required=True)
     cmd_stop, _ = _command(fields, "cmdStop", required=False)
 
@@ -384,5 +354,5 @@ def _aliases(fields: Fields) -> list[NameSite]:
 
 def _compat(fields: Fields) -> bool:
     compat = fields.mapping("compat", "a mapping")
-    compat.warn_unknown(("ignoreWebsockets",))
+    compat.warn_unknown(keys.COMPAT)
     return compat.flag("ignoreWebsockets", False)

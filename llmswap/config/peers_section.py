@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
+from llmswap.config import keys
 from llmswap.config.common import is_http_url, read_filters, read_timeouts
 from llmswap.config.fields import Fields
 from llmswap.config.model import PeerConfig, Timeouts
 from llmswap.config.yamltree import Map
 
-PEER_KEYS = ("proxy", "apiKey", "models", "filters", "timeouts", "discover")
-IGNORED_PEER_KEYS = ("tailcatKey",)  # llama-swap's Tailscale transport, not supported here
+PEER_KEYS = keys.PEER  # the keys the loader accepts here (llmswap.config.keys)
+IGNORED_PEER_KEYS = keys.PEER.ignored  # the keys the loader accepts here (llmswap.config.keys)
 PEER_TIMEOUTS = Timeouts(response_header=60.0)
 
 
@@ -26,7 +27,7 @@ def read_peers(root: Fields, model_ids: Collection[str], aliases: Mapping[str, s
         fields = section.mapping(peer_id, "a mapping with proxy:, models:, apiKey:, filters:, timeouts:")
         if not isinstance(section.map.get(peer_id), Map):
             continue
-        fields.warn_unknown(PEER_KEYS, IGNORED_PEER_KEYS)
+        fields.warn_unknown(keys.PEER, keys.PEER.ignored)
         proxy = fields.text("proxy").strip()
         if not proxy:
             fields.error(

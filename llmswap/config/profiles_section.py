@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from types import MappingProxyType
 
+from llmswap.config import keys
 from llmswap.config.fields import Fields
 from llmswap.config.model import ProfileConfig
 from llmswap.config.selectors_section import Names
@@ -35,7 +36,7 @@ def read_profiles(root: Fields, names: Names, selector_ids: Collection[str]) -> 
         fields = section.mapping(profile_id, "a mapping with description: and pins:")
         if not isinstance(node, Map):
             continue
-        fields.warn_unknown(("description", "pins"))
+        fields.warn_unknown(keys.PROFILE)
         pins_fields = fields.mapping("pins", "a mapping of requested names to models")
         pins: dict[str, str] = {}
         ok = True

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
 
+from llmswap.config import keys
 from llmswap.config.fields import Fields
 from llmswap.config.model import (
     DEFAULT_GROUP_ID,
@@ -33,7 +34,7 @@ ROUTERS = ("group", "matrix", "vram")
 SCHEDULERS = ("fifo", "batch")
 ADMISSION_POLICIES = ("reject", "shed-lowest")
 VRAM_KEYS = ("budget", "reserve", "evict_costs")
-GROUP_KEYS = ("swap", "exclusive", "persistent", "members")
+GROUP_KEYS = keys.GROUP  # the keys the loader accepts here (llmswap.config.keys)
 MIGRATION_MESSAGE = (
     "config uses both the legacy top-level 'matrix'/'groups' keys and the new 'routing.router' block; "
     "please migrate the top-level keys into 'routing.router' and remove them"
@@ -45,7 +46,7 @@ def read_routing(root: Fields, model_ids: Collection[str], aliases: Mapping[str,
         return name if name in model_ids else aliases.get(name)
 
     routing = root.mapping("routing", "a mapping with router: and scheduler:")
-    routing.warn_unknown(("router", "scheduler"))
+    routing.warn_unknown(keys.ROUTING)
     return RoutingConfig(
         router=_read_router(root, routing, model_ids, aliases, resolve),
         scheduler=_read_scheduler(
@@ -58,9 +59,9 @@ def _read_router(
     root: Fields, routing: Fields, model_ids: Collection[str], aliases: Mapping[str, str], resolve: Resolve
 ) -> RouterConfig:
     router = routing.mapping("router", "a mapping with use: and settings:")
-    router.warn_unknown(("use", "settings"))
+    router.warn_unknown(keys.ROUTER)
     settings = router.mapping("settings", "a mapping of router settings")
-    settings.warn_unknown(("groups", "matrix", *VRAM_KEYS))
+    settings.warn_unknown(keys.ROUTER_SETTINGS)
     use = router.text("use").strip()
 
     legacy_groups = root.node("groups")
@@ -125,7 +126,7 @@ def _read_groups(
         group = fields.mapping(group_id, "a mapping with swap:, exclusive:, persistent:, members:")
         if not isinstance(fields.map.get(group_id), Map):
             continue
-        group.warn_unknown(GROUP_KEYS)
+        group.warn_unknown(keys.GROUP)
         if group_id == DEFAULT_GROUP_ID:
             fields.error(
                 group_id, f"the group id {DEFAULT_GROUP_ID} is reserved for models in no group; rename it"
@@ -184,7 +185,7 @@ def _scalar_entries(fields: Fields, key: str, what: str) -> tuple[list[tuple[str
 def _read_matrix(fields: Fields, model_ids: Collection[str]) -> MatrixConfig | None:
     from llmswap.config.matrix_dsl import MatrixError, compile_matrix
 
-    fields.warn_unknown(("vars", "sets", "evict_costs"))
+    fields.warn_unknown(keys.MATRIX)
     variables, vars_ok = _scalar_entries(fields, "vars", "a mapping of short names to model ids")
     sets, sets_ok = _scalar_entries(fields, "sets", "a mapping of set names to expressions")
     costs, costs_ok = _scalar_entries(fields, "evict_costs", "a mapping of model ids or vars to costs")
@@ -255,13 +256,13 @@ def _read_priority(fields: Fields, resolve: Resolve) -> Mapping[str, int]:
 
 
 def _read_scheduler(fields: Fields, resolve: Resolve) -> SchedulerConfig:
-    fields.warn_unknown(("use", "settings", "admission"))
+    fields.warn_unknown(keys.SCHEDULER)
     use = fields.text("use").strip() or "fifo"
     if use not in SCHEDULERS:
         fields.error("use", f'unknown scheduler "{use}" (valid: {", ".join(SCHEDULERS)})')
         use = "fifo"
     settings = fields.mapping("settings", "a mapping with fifo:, batch:, prioritizer:, onDeadline:")
-    settings.warn_unknown(("fifo", "batch", "prioritizer", "onDeadline", "preemptBelow"))
+    settings.warn_unknown(keys.SCHEDULER_SETTINGS)
     prioritizer = settings.text("prioritizer", "fcfs").strip() or "fcfs"
     if prioritizer not in PRIORITIZERS:
         valid = ", ".join(PRIORITIZERS)
@@ -272,9 +273,9 @@ def _read_scheduler(fields: Fields, resolve: Resolve) -> SchedulerConfig:
         settings.error("onDeadline", f'unknown onDeadline "{on_deadline}" (valid: {", ".join(ON_DEADLINE)})')
         on_deadline = "ignore"
     fifo = settings.mapping("fifo", "a mapping with priority:")
-    fifo.warn_unknown(("priority",))
+    fifo.warn_unknown(keys.FIFO)
     batch = settings.mapping("batch", "a mapping with maxWait:, minResidency:, priority:")
-    batch.warn_unknown(("maxWait", "minResidency", "priority"))
+    batch.warn_unknown(keys.BATCH)
     batch_defaults = BatchSettings()
     return SchedulerConfig(
         use=use,
@@ -296,7 +297,7 @@ def _read_scheduler(fields: Fields, resolve: Resolve) -> SchedulerConfig:
 
 
 def _read_admission(fields: Fields) -> AdmissionConfig:
-    fields.warn_unknown(("maxQueue", "maxQueuePerModel", "policy", "queueTimeout"))
+    fields.warn_unknown(keys.ADMISSION)
     policy = fields.text("policy", "reject").strip() or "reject"
     if policy not in ADMISSION_POLICIES:
         fields.error("policy", f'unknown policy "{policy}" (valid: {", ".join(ADMISSION_POLICIES)})')

@@ -13,11 +13,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from llmswap.config import keys
 from llmswap.config.fields import Fields
 from llmswap.config.model import SELECTOR_STRATEGIES, PeerConfig, RoutingConfig, SelectorConfig
 from llmswap.config.yamltree import Map, to_python
 
-SELECTOR_KEYS = ("strategy", "targets", "settings", "name", "description", "unlisted", "metadata")
+SELECTOR_KEYS = keys.SELECTOR  # the keys the loader accepts here (llmswap.config.keys)
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def read_selectors(root: Fields, names: Names, routing: RoutingConfig) -> dict[s
         fields = section.mapping(selector_id, "a mapping with strategy: and targets:")
         if not isinstance(section.map.get(selector_id), Map):
             continue
-        fields.warn_unknown(SELECTOR_KEYS)
+        fields.warn_unknown(keys.SELECTOR)
         ok = _check_id(fields, selector_id, names)
         strategy = fields.text("strategy").strip()
         if not strategy:
@@ -68,7 +69,7 @@ def read_selectors(root: Fields, names: Names, routing: RoutingConfig) -> dict[s
             fields.error("strategy", f'unknown strategy "{strategy}" (valid: {valid})')
             ok = False
         settings = fields.mapping("settings", "a mapping with spillover:")
-        settings.warn_unknown(("spillover",))
+        settings.warn_unknown(keys.SPILLOVER)
         spillover = settings.integer("spillover", 1, what="a whole number of requests")
         if strategy == "spillover" and spillover < 1:
             settings.error("spillover", f"must be >= 1, got {spillover}; "

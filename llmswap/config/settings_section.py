@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from llmswap.config import keys as accepted
 from llmswap.config.fields import Fields
 from llmswap.config.model import (
     DEFAULT_CLIENT_HEADER_TIMEOUT,
@@ -74,7 +75,7 @@ def read_api_keys(root: Fields) -> tuple[ApiKey, ...]:
             key, priority, max_concurrent, name, deadline_ms = item.text, 0, 0, "", 0.0
         elif isinstance(item, Map):
             fields = Fields(item, where, root.problems)
-            fields.warn_unknown(("key", "name", "priority", "maxConcurrent", "deadlineMs"))
+            fields.warn_unknown(accepted.API_KEY)
             key = fields.text("key")
             name = fields.text("name").strip()
             priority = fields.integer("priority", 0)
@@ -119,9 +120,9 @@ def read_startup_hooks(
     root: Fields, resolve: Callable[[str], str | None], selectors: Collection[str], profiles: Collection[str],
 ) -> StartupHooks:
     hooks = root.mapping("hooks", "a mapping with on_startup:")
-    hooks.warn_unknown(("on_startup",))
+    hooks.warn_unknown(accepted.HOOKS)
     on_startup = hooks.mapping("on_startup", "a mapping with preload: and profile:")
-    on_startup.warn_unknown(("preload", "profile"))
+    on_startup.warn_unknown(accepted.ON_STARTUP)
     profile = on_startup.text("profile").strip() or None
     if profile is not None and profile not in profiles:
         known = ", ".join(sorted(profiles)) or "none is defined"
@@ -151,7 +152,7 @@ def _read_preload(
 
 def read_ignore_paths(root: Fields) -> tuple[str, ...]:
     upstream = root.mapping("upstream", "a mapping with ignorePaths:")
-    upstream.warn_unknown(("ignorePaths",))
+    upstream.warn_unknown(accepted.UPSTREAM)
     patterns: list[str] = []
     for pattern, line, where in upstream.texts("ignorePaths", "a list of regular expressions"):
         try:

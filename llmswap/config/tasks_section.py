@@ -11,14 +11,15 @@ from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 
+from llmswap.config import keys
 from llmswap.config.fields import Fields
 from llmswap.config.model import TasksConfig, TaskTypeConfig
 from llmswap.config.yamltree import Map
 
 DEFAULT_TASKS_DB = "./llmswap-tasks.sqlite"
-TASKS_KEYS = ("db", "maxQueueDepth", "types", "priority", "maxPreemptions", "host", "leaseSeconds")
+TASKS_KEYS = keys.TASKS  # the keys the loader accepts here (llmswap.config.keys)
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
-TASK_TYPE_KEYS = ("model", "vram")
+TASK_TYPE_KEYS = keys.TASK_TYPE  # the keys the loader accepts here (llmswap.config.keys)
 
 
 def resolve_path(text: str, base_dir: Path) -> Path:
@@ -31,7 +32,7 @@ def read_tasks(root: Fields, base_dir: Path, resolve: Callable[[str], str | None
         return None
     fields = root.mapping("tasks", "a mapping with db:, maxQueueDepth:, types:, priority:, maxPreemptions:, "
                                    "host:, leaseSeconds:")
-    fields.warn_unknown(TASKS_KEYS)
+    fields.warn_unknown(keys.TASKS)
     defaults = TasksConfig(db=Path(DEFAULT_TASKS_DB))
     db = fields.text("db", DEFAULT_TASKS_DB).strip() or DEFAULT_TASKS_DB
     types: dict[str, TaskTypeConfig] = {}
@@ -40,7 +41,7 @@ def read_tasks(root: Fields, base_dir: Path, resolve: Callable[[str], str | None
         task_type = section.mapping(name, "a mapping with model: and vram:")
         if not isinstance(section.map.get(name), Map):
             continue
-        task_type.warn_unknown(TASK_TYPE_KEYS)
+        task_type.warn_unknown(keys.TASK_TYPE)
         requested = task_type.text("model").strip()
         if not requested:
             task_type.error(
