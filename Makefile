@@ -10,6 +10,11 @@ RUN_STAMP  := $(VENV)/.run-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 LISTEN ?= 127.0.0.1:8080
 
+IMAGE  ?= llmswap
+BASE_IMAGE ?= ghcr.io/ggml-org/llama.cpp:server
+ENGINE ?= $(shell command -v podman || command -v docker)
+ENGINE_ARGS ?=
+
 .PHONY: run test test-unit lint bench image clean
 
 $(RUN_STAMP): pyproject.toml
@@ -40,6 +45,14 @@ lint: $(TEST_STAMP)
 
 bench: $(TEST_STAMP)
 	$(PY) -m bench
+
+# The container image (Containerfile): llmswap's wheels and its dependencies' are built here first, so the
+# image build needs no package index. BASE_IMAGE=...:server-cuda (or -vulkan) for the GPU variants.
+image: $(RUN_STAMP)
+	@test -n "$(ENGINE)" || { echo "make image: needs podman or docker" >&2; exit 1; }
+	@rm -rf build/wheels
+	@PYTHONWARNINGS=ignore $(PY) -m pip wheel -qq --disable-pip-version-check --wheel-dir build/wheels .
+	$(ENGINE) build $(ENGINE_ARGS) --build-arg BASE_IMAGE=$(BASE_IMAGE) -f Containerfile -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

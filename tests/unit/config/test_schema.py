@@ -18,7 +18,8 @@ from llmswap.config.common import TIMEOUT_KEYS
 from llmswap.config.schema import config_schema, schema_text
 
 ROOT = Path(__file__).resolve().parents[3]
-EXAMPLES = [ROOT / "config.example.yaml", *sorted((ROOT / "examples").glob("*.yaml"))]
+EXAMPLES = [ROOT / "config.example.yaml", ROOT / "container" / "config.yaml",
+            *sorted(p for p in (ROOT / "examples").glob("*.yaml") if p.name != "compose.yaml")]
 VALIDATOR = jsonschema.Draft202012Validator(config_schema())
 
 
