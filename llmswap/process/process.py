@@ -90,7 +90,6 @@ class Process:
         self._closing = False
         self._idle = IdleTimer(config.ttl)
         self._kv = KvKeeper(config, kv_rates or KvRates()) if config.kv_cache is not None else None
-        self.last_restore: KvReport | None = None  # what the slots' restore of the current life did
         self.asleep_since: float | None = None  # when the server went to sleep (clock), while it sleeps
 
     def __repr__(self) -> str:
@@ -231,10 +230,10 @@ class Process:
         if outcome is Outcome.READY:
             run.times = replace(run.times, start=self._clock() - spawned)
         if outcome is Outcome.READY and self._kv is not None:
-            self.last_restore = await self._kv.restore()  # before any request is granted to the server
-            if self.last_restore is not None:
-                run.times = replace(run.times, restore=self.last_restore.seconds)
-            self._emit_kv(self.last_restore)
+            restored = await self._kv.restore()  # before any request is granted to the server
+            if restored is not None:
+                run.times = replace(run.times, restore=restored.seconds)
+            self._emit_kv(restored)
         if outcome is Outcome.READY:
             duration = self._clock() - spawned
             self.last_start_duration = duration
@@ -372,7 +371,6 @@ class Process:
             run.child.abandon_pipe()
 
     def _prepare_kv(self) -> None:
-        self.last_restore = None
         try:
             prepare_kv_dir(self.config, self._kv)
         except OSError as exc:

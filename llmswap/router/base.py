@@ -130,6 +130,7 @@ class BaseRouter(RequestApi, RouterEffects):
         for task in swap_tasks:
             task.cancel()
         await asyncio.gather(*swap_tasks, return_exceptions=True)
+        await self.stop_prefetches()
         grace = timeout if timeout is not None else 5.0
         # A retired router no longer owns the processes its successor adopted: the successor stops them.
         handed = self.succession.handed_away

@@ -190,6 +190,13 @@ class RouterEffects(Effects):
         if model not in self._swaps:
             self._end_prefetch(model)
 
+    async def stop_prefetches(self) -> None:
+        """At shutdown: stop every read (its thread stops within a chunk) and wait for them."""
+        tasks = [running.task for running in self._prefetches.values()]
+        for model in list(self._prefetches):
+            self._end_prefetch(model)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def _end_prefetch(self, model: str) -> SwapPhase | None:
         """Stop `model`'s prefetch, if one runs; its phase (from its start to its end or now), if one ran."""
         running = self._prefetches.pop(model, None)
