@@ -14,6 +14,8 @@ IMAGE  ?= llmswap
 BASE_IMAGE ?= ghcr.io/ggml-org/llama.cpp:server
 ENGINE ?= $(shell command -v podman || command -v docker)
 ENGINE_ARGS ?=
+# podman writes OCI images by default, which drop HEALTHCHECK; Docker's format keeps it.
+FORMAT = $(if $(findstring podman,$(ENGINE)),--format docker)
 
 .PHONY: run test test-unit lint bench image clean
 
@@ -52,7 +54,7 @@ image: $(RUN_STAMP)
 	@test -n "$(ENGINE)" || { echo "make image: needs podman or docker" >&2; exit 1; }
 	@rm -rf build/wheels
 	@PYTHONWARNINGS=ignore $(PY) -m pip wheel -qq --disable-pip-version-check --wheel-dir build/wheels .
-	$(ENGINE) build $(ENGINE_ARGS) --build-arg BASE_IMAGE=$(BASE_IMAGE) -f Containerfile -t $(IMAGE) .
+	$(ENGINE) build $(FORMAT) $(ENGINE_ARGS) --build-arg BASE_IMAGE=$(BASE_IMAGE) -f Containerfile -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -20,7 +20,8 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-PACKAGES=python3.11,python3.11-venv,libgomp1,ca-certificates
+# python3.11-venv needs distutils and the wheels ensurepip installs, which debootstrap does not pull in.
+PACKAGES=python3.11,python3.11-venv,python3-distutils,python3-lib2to3,python3-pip-whl,python3-setuptools-whl,libgomp1,ca-certificates
 CACHE=${HOME:-/root}/.cache/llmswap
 BASE_TAR="$CACHE/image-base-bookworm-$(echo "$PACKAGES" | sha256sum | cut -c1-12).tar"
 mkdir -p "$CACHE"

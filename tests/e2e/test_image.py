@@ -4,8 +4,8 @@ demo, and with a config of its own starts the image's llama-server on a tiny GGU
 Containers cannot be started on these machines (`podman run` needs cgroups they lack), so .ci/image.sh
 builds the image, mounts it (`podman image mount`) and passes the mount as LLMSWAP_IMAGE_ROOT; each test
 runs the image's own llmswap from there under `chroot`, as the image's user (uid 10001), with the image's
-environment, on loopback, in a mount namespace of its own (/proc, /dev, a tmpfs for /data and /tmp, and the
-models folder mounted at /models). Skipped without LLMSWAP_IMAGE_ROOT (needs root), failed instead when
+environment, on loopback, in a mount namespace of its own (/proc, /dev, a tmpfs for /data and /tmp, the
+models folder mounted at /models, and /etc/hosts as a runtime provides it). Skipped without LLMSWAP_IMAGE_ROOT (needs root), failed instead when
 LLMSWAP_REQUIRE_IMAGE=1 (CI).
 """
 
@@ -50,6 +50,7 @@ async def image_llmswap(root: Path, models: Path, config: str, port: int) -> Asy
         f"mount -t proc proc {root}/proc", f"mount --rbind /dev {root}/dev",
         f"mount -t tmpfs -o mode=1777 tmpfs {root}/tmp", f"mount -t tmpfs -o mode=0777 tmpfs {root}/data",
         f"mount --bind {models} {root}/models",
+        f"mount --bind /etc/hosts {root}/etc/hosts",  # a container runtime writes it; the image's is empty
     ])
     env = " ".join(f"{key}={shlex.quote(value)}" for key, value in IMAGE_ENV.items())
     inside = f"cd /data && exec /opt/llmswap/bin/llmswap -config {config} -listen {HOST}:{port}"
