@@ -1,12 +1,12 @@
-"""The container image's contents, run as the image would run them: llmswap with the image's config serves the
-demo, and with a config of its own starts the image's llama-server on a tiny GGUF and answers through it.
+"""The container image's contents, run as the image would run them: llmswap with the image's config serves
+the demo, and with a config of its own starts the image's llama-server on a tiny GGUF and answers through it.
 
 Containers cannot be started on these machines (`podman run` needs cgroups they lack), so .ci/image.sh
 builds the image, mounts it (`podman image mount`) and passes the mount as LLMSWAP_IMAGE_ROOT; each test
 runs the image's own llmswap from there under `chroot`, as the image's user (uid 10001), with the image's
 environment, on loopback, in a mount namespace of its own (/proc, /dev, a tmpfs for /data and /tmp, the
-models folder mounted at /models, and /etc/hosts as a runtime provides it). Skipped without LLMSWAP_IMAGE_ROOT (needs root), failed instead when
-LLMSWAP_REQUIRE_IMAGE=1 (CI).
+models folder mounted at /models, and /etc/hosts as a runtime provides it). Skipped without
+LLMSWAP_IMAGE_ROOT (needs root), failed instead when LLMSWAP_REQUIRE_IMAGE=1 (CI).
 """
 
 from __future__ import annotations
