@@ -45,9 +45,10 @@ function activityRow(r) {
   const open = el("button", { "data-action": "capture" }, "Capture");
   open.disabled = !r.has_capture;
   open.onclick = () => openCapture(r.id);
-  const asked = r.requested_model && r.requested_model !== r.model ? el("div", { class: "sub" }, "as " + r.requested_model) : null;
+  const asked = r.requested_model && r.requested_model !== r.model ?
+    el("div", { class: "alias", title: "the name the client asked for" }, "as " + r.requested_model) : null;
   return el("tr", { dataset: { activity: r.id, status: r.resp_status_code } },
-    el("td", { class: "sub" }, new Date(r.timestamp).toLocaleTimeString([], { hour12: false })),
+    el("td", { class: "sub when" }, new Date(r.timestamp).toLocaleTimeString([], { hour12: false })),
     el("td", {}, el("div", { class: "model-id" }, r.model), asked),
     el("td", { class: "evict" }, r.req_path, r.origin !== "http" ? el("div", { class: "sub" }, r.origin) : null),
     el("td", {}, el("span", { class: "pill " + (ok ? "o-ok" : "o-failed"), title: r.error_msg || "" },
@@ -58,7 +59,7 @@ function activityRow(r) {
     el("td", { class: "num", dataset: { field: "output" } }, tokens(t.output_tokens)),
     el("td", { class: "num", dataset: { field: "prompt-speed" } }, speed(t.prompt_per_second)),
     el("td", { class: "num", dataset: { field: "gen-speed" } }, speed(t.tokens_per_second)),
-    el("td", { class: "sub" }, waits),
+    el("td", { class: "sub waits" }, waits),
     el("td", { class: "num" }, ms(r.ttfb_ms)),
     el("td", { class: "num" }, ms(r.duration_ms)),
     el("td", { class: "actions" }, open));

@@ -301,14 +301,32 @@ async function loadCharts() {
 }
 
 // ---------------------------------------------------------------- hardware
-function flatten(prefix, value, rows) {
-  if (value && typeof value === "object" && !Array.isArray(value)) {
-    for (const [key, inner] of Object.entries(value)) flatten(prefix ? `${prefix}.${key}` : key, inner, rows);
-  } else if (Array.isArray(value) && value.some((v) => v && typeof v === "object")) {
-    value.forEach((inner, i) => flatten(`${prefix}[${i}]`, inner, rows));
-  } else {
-    rows.push([prefix, Array.isArray(value) ? value.join(", ") : String(value)]);
-  }
+function gibText(bytes) {
+  return bytes ? `${(bytes / 2 ** 30).toFixed(1)} GiB` : "";
+}
+
+function hardwareRows(report) {
+  // The report (llmswap.machine.hardware) as a person reads it: one line per part, in words.
+  const os = report.operating_system || {};
+  const env = report.environment || {};
+  const cpu = report.cpu || {};
+  const join = (...parts) => parts.filter((p) => p !== null && p !== undefined && p !== "").join(" ");
+  const cores = cpu.physical_core_count ? `${cpu.physical_core_count} cores` : "";
+  const threads = cpu.logical_thread_count ? `${cpu.logical_thread_count} threads` : "";
+  const rows = [
+    ["cpu", "CPU", join(cpu.model || cpu.vendor || "unknown", [cores, threads].filter(Boolean).length ?
+                       `(${[cores, threads].filter(Boolean).join(", ")})` : "")],
+    ["memory", "Memory", gibText((report.memory || {}).capacity_bytes) || "unknown"],
+    ["system", "System", join(os.name || os.family, os.version, os.kernel ? `(kernel ${os.kernel})` : "")],
+    ["architecture", "Architecture", (report.architecture || {}).name || "unknown"],
+    ["environment", "Runs in", env.kind === "native" ? "the machine itself" :
+      join((env.kind || "unknown").replace("_", " "), env.name ? `(${env.name})` : "")],
+  ];
+  const gpus = report.accelerators || [];
+  if (!gpus.length) rows.push(["accelerators", "GPUs", "none found"]);
+  gpus.forEach((gpu, i) => rows.push([`accelerators[${i}]`, `GPU ${gpu.index ?? i}`,
+    join(gpu.vendor, gpu.model, gibText((gpu.memory || {}).capacity_bytes) ? `, ${gibText(gpu.memory.capacity_bytes)}` : "",
+         gpu.driver && gpu.driver.version ? `(driver ${gpu.driver.version})` : "").replace(" ,", ",")]));
   return rows;
 }
 
@@ -318,9 +336,9 @@ async function loadHardware() {
     const response = await api("/api/hardware");
     if (response.status === 503) { setTimeout(loadHardware, 3000); return; }  // still detecting, or failed
     if (!response.ok) { body.closest("section").hidden = true; return; }
-    const rows = flatten("", await response.json(), []);
-    body.replaceChildren(...rows.map(([key, value]) =>
-      el("tr", { dataset: { key } }, el("td", { class: "sub" }, key), el("td", {}, value))));
+    const rows = hardwareRows(await response.json());
+    body.replaceChildren(...rows.map(([key, label, value]) =>
+      el("tr", { dataset: { key } }, el("td", { class: "sub" }, label), el("td", {}, value))));
   } catch (err) {
     console.warn("hardware", err);
     setTimeout(loadHardware, 3000);  // e.g. before the API key was given
