@@ -111,8 +111,11 @@ async def test_every_view_draws_what_the_api_holds(tmp_path: Path) -> None:
         assert await count(page, "#chart-swaps rect.phase[data-phase='stop']") == 2
         await page.wait_for(n("#chart-memory circle") + " > 0", what="memory points")
 
-        # Hardware.
+        # Hardware: in words, not a dump of the report's keys.
         await page.wait_for(n("#hardware tr[data-key]") + " > 0", what="the hardware rows")
+        labels = await page.evaluate("[...document.querySelectorAll('#hardware tr td:first-child')]"
+                                     ".map(td => td.textContent)")
+        assert labels[:5] == ["CPU", "Memory", "System", "Architecture", "Runs in"]
 
         # Playground: it offers the model that is loaded (asking it swaps nothing), not the first by name;
         # then two turns of one conversation.
@@ -131,6 +134,21 @@ async def test_every_view_draws_what_the_api_holds(tmp_path: Path) -> None:
             sent = json.loads(base64.b64decode((await response.json())["req_body"]))
         assert [m["role"] for m in sent["messages"]] == ["user", "assistant", "user"]  # the history went too
         assert sent["messages"][2]["content"] == "second question"
+
+        # At 1024 px the activity table fits (no sideways scroll), the playground's placeholders show whole.
+        await page.call("Emulation.setDeviceMetricsOverride", width=1024, height=HEIGHT, deviceScaleFactor=1,
+                        mobile=False)
+        await page.wait_for("(() => { const s = document.querySelector('#activity').closest('.scroll'); "
+                            "return s.scrollWidth <= s.clientWidth; })()", what="the activity table to fit")
+        room = await page.evaluate(
+            "['pg-temp', 'pg-max'].map(id => { const input = document.getElementById(id); "
+            "const style = getComputedStyle(input); "
+            "const pen = document.createElement('canvas').getContext('2d'); "
+            "pen.font = style.font; return input.clientWidth - parseFloat(style.paddingLeft) "
+            "- parseFloat(style.paddingRight) - pen.measureText(input.placeholder).width; })")
+        assert all(left >= 0 for left in room), room
+        await page.call("Emulation.setDeviceMetricsOverride", width=WIDTH, height=HEIGHT, deviceScaleFactor=1,
+                        mobile=False)
 
         await page.evaluate("document.querySelector('.charts').closest('section').scrollIntoView()")
         shot = base64.b64decode((await page.call("Page.captureScreenshot", format="png"))["data"])

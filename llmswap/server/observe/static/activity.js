@@ -33,16 +33,18 @@ function onActivity() {
   if (!activityTimer) activityTimer = setTimeout(() => { activityTimer = null; loadActivity(); }, 150);
 }
 
-const ms = (v) => (v == null ? "–" : v < 1000 ? `${v} ms` : `${(v / 1000).toFixed(2)} s`);
+// A number and its unit never split across lines (a no-break space between them).
+const ms = (v) => (v == null ? "–" : v < 1000 ? `${v}\u00a0ms` : `${(v / 1000).toFixed(2)}\u00a0s`);
 const tokens = (n) => (n == null || n < 0 ? "–" : String(n));
 const speed = (v) => (v == null || v <= 0 ? "–" : v >= 100 ? v.toFixed(0) : v.toFixed(1));
 
 function activityRow(r) {
   const t = r.tokens;
-  const waits = [r.queue_ms ? "queue " + ms(r.queue_ms) : "", r.load_ms != null ? "load " + ms(r.load_ms) : ""]
+  const waits = [r.queue_ms ? "queue\u00a0" + ms(r.queue_ms) : "", r.load_ms != null ? "load\u00a0" + ms(r.load_ms) : ""]
     .filter(Boolean).join(" · ") || "–";
   const ok = r.resp_status_code >= 200 && r.resp_status_code < 300;
-  const open = el("button", { "data-action": "capture" }, "Capture");
+  const open = el("button", { "data-action": "capture", title: "the request and its answer, as recorded" },
+                 "View");
   open.disabled = !r.has_capture;
   open.onclick = () => openCapture(r.id);
   const asked = r.requested_model && r.requested_model !== r.model ?
@@ -50,7 +52,8 @@ function activityRow(r) {
   return el("tr", { dataset: { activity: r.id, status: r.resp_status_code } },
     el("td", { class: "sub when" }, new Date(r.timestamp).toLocaleTimeString([], { hour12: false })),
     el("td", {}, el("div", { class: "model-id" }, r.model), asked),
-    el("td", { class: "evict" }, r.req_path, r.origin !== "http" ? el("div", { class: "sub" }, r.origin) : null),
+    el("td", { class: "evict path" }, ...pathParts(r.req_path),
+       r.origin !== "http" ? el("div", { class: "sub" }, r.origin) : null),
     el("td", {}, el("span", { class: "pill " + (ok ? "o-ok" : "o-failed"), title: r.error_msg || "" },
                     String(r.resp_status_code)),
        r.error_msg ? el("div", { class: "note", title: r.error_msg }, r.error_msg) : null),
@@ -63,6 +66,11 @@ function activityRow(r) {
     el("td", { class: "num" }, ms(r.ttfb_ms)),
     el("td", { class: "num" }, ms(r.duration_ms)),
     el("td", { class: "actions" }, open));
+}
+
+function pathParts(path) {
+  // A path may break after each slash, never inside a word.
+  return path.split("/").flatMap((part, i) => (i ? [el("wbr"), "/" + part] : [part]));
 }
 
 function renderActivity() {

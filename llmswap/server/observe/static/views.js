@@ -201,17 +201,18 @@ function swapTimeline() {
   const from = now - CHART_MINUTES * 60;
   const models = [...view.models.keys()].sort();
   const lane = 18;
-  const height = 20 + lane * Math.max(1, models.length);
+  const top = 34;  // below the title and the phases' legend
+  const height = top + lane * Math.max(1, models.length);
   const x = (t) => 90 + ((Math.max(t, from) - from) / (now - from)) * (CHART_W - 100);
   const done = view.swaps.filter((s) => s.outcome === "ok").sort((a, b) => a.started - b.started);
   const nodes = [svg("text", { x: 90, y: 12, class: "chart-title" }, "which model was loaded when (swaps)")];
   models.forEach((model, i) => {
-    nodes.push(svg("text", { x: 2, y: 30 + i * lane, class: "tick" }, model.slice(0, 14)));
+    nodes.push(svg("text", { x: 2, y: top + 10 + i * lane, class: "tick" }, model.slice(0, 14)));
   });
   PHASE_NAMES.forEach((phase, k) => {  // the legend of the phases each swap is drawn as
-    const left = CHART_W - 7 * 62 + k * 62;
-    nodes.push(svg("rect", { x: left, y: 4, width: 8, height: 8, class: `phase phase-${phase}` }),
-               svg("text", { x: left + 11, y: 12, class: "tick" }, phase));
+    const left = 90 + k * 62;
+    nodes.push(svg("rect", { x: left, y: 18, width: 8, height: 8, class: `phase phase-${phase}` }),
+               svg("text", { x: left + 11, y: 26, class: "tick" }, phase));
   });
   done.forEach((s, index) => {
     const i = models.indexOf(s.model);
@@ -220,12 +221,12 @@ function swapTimeline() {
     const evictor = done.slice(index + 1).find((later) => later.evict.includes(s.model) || later.model === s.model);
     const until = evictor ? evictor.started : now;
     if (until < from) return;
-    const bar = svg("rect", { x: x(loaded).toFixed(1), y: 20 + i * lane, width: Math.max(2, x(until) - x(loaded)).toFixed(1),
+    const bar = svg("rect", { x: x(loaded).toFixed(1), y: top + i * lane, width: Math.max(2, x(until) - x(loaded)).toFixed(1),
                               height: lane - 6, fill: colorOf(s.model), class: "loaded", "data-model": s.model },
                     svg("title", {}, `${s.model} loaded at ${clock(loaded)} (${s.rule})` +
                                      (evictor ? `, until ${clock(until)}: ${evictor.model} (${evictor.rule})` : "")));
     nodes.push(bar);
-    nodes.push(...swapPhases(s, models, x, lane, from));
+    nodes.push(...swapPhases(s, models, x, lane, from, top));
   });
   document.getElementById("chart-swaps").replaceChildren(
     svg("svg", { viewBox: `0 0 ${CHART_W} ${height}`, role: "img", "aria-label": "swap timeline" }, ...nodes));
@@ -233,7 +234,7 @@ function swapTimeline() {
 
 const PHASE_NAMES = ["drain", "save", "stop", "prefetch", "start", "restore", "wake"];
 
-function swapPhases(s, models, x, lane, from) {
+function swapPhases(s, models, x, lane, from, top) {
   // A swap drawn as its phases: the victims' drain (before the swap began), save and stop on their lanes, the
   // started model's start (or wake) and restore on its own lane, ending as it was ready; its prefetch, which
   // overlaps the others, as a thin stripe from the moment it began.
@@ -255,7 +256,7 @@ function swapPhases(s, models, x, lane, from) {
   for (const [phase, model, begin, seconds] of spans) {
     const i = models.indexOf(model);
     if (i < 0 || seconds <= 0 || begin + seconds < from) continue;
-    nodes.push(svg("rect", { x: x(begin).toFixed(1), y: 20 + i * lane, height: lane - 6, class: `phase phase-${phase}`,
+    nodes.push(svg("rect", { x: x(begin).toFixed(1), y: top + i * lane, height: lane - 6, class: `phase phase-${phase}`,
                              width: Math.max(1, x(begin + seconds) - x(begin)).toFixed(1), "data-phase": phase },
                    svg("title", {}, `${phase} of ${model}: ${seconds.toFixed(2)} s (swap to ${s.model})`)));
   }
@@ -263,7 +264,7 @@ function swapPhases(s, models, x, lane, from) {
   const i = models.indexOf(s.model);
   if (prefetch > 0 && i >= 0) {
     const begin = s.started - drained;
-    nodes.push(svg("rect", { x: x(begin).toFixed(1), y: 20 + i * lane + lane - 9, height: 3, class: "phase phase-prefetch",
+    nodes.push(svg("rect", { x: x(begin).toFixed(1), y: top + i * lane + lane - 9, height: 3, class: "phase phase-prefetch",
                              width: Math.max(1, x(begin + prefetch) - x(begin)).toFixed(1), "data-phase": "prefetch" },
                    svg("title", {}, `prefetch of ${s.model}: ${prefetch.toFixed(2)} s, beside the others`)));
   }
