@@ -207,24 +207,26 @@ async def llama_swap_side(folder: Path, binary: str, ggufs: dict[str, Path], tur
         return await converse(url, list(ggufs), turns, opening, "llama-swap")
 
 
+def side_rows(side: Side, baseline: Side, against: str) -> list[Row]:
+    """A side's total time, first token after a swap (p50, max) and prompt tokens processed again, each
+    against the baseline's (bench.swap_real's rows too)."""
+    label = side.name
+    base_p50, side_p50 = statistics.median(baseline.after_swap), statistics.median(side.after_swap)
+    return [
+        Row(f"{label}: total time", against, f"{baseline.total:.1f} s", f"{side.total:.1f} s",
+            ratio(side.total, baseline.total)),
+        Row(f"{label}: first token after a swap, p50", against, ms(base_p50), ms(side_p50),
+            ratio(side_p50, base_p50)),
+        Row(f"{label}: first token after a swap, max", against, ms(max(baseline.after_swap)),
+            ms(max(side.after_swap)), ratio(max(side.after_swap), max(baseline.after_swap))),
+        Row(f"{label}: prompt tokens processed again (of {side.prompt_tokens})", against,
+            f"{baseline.again:,}", f"{side.again:,}", ratio(side.again, baseline.again)),
+    ]
+
+
 def rows(baseline: Side, sides: list[Side]) -> list[Row]:
     against = f"{baseline.name}, same run"
-    found: list[Row] = []
-    base_p50 = statistics.median(baseline.after_swap)
-    for side in sides:
-        label = side.name
-        side_p50 = statistics.median(side.after_swap)
-        found += [
-            Row(f"{label}: total time", against, f"{baseline.total:.1f} s", f"{side.total:.1f} s",
-                ratio(side.total, baseline.total)),
-            Row(f"{label}: first token after a swap, p50", against, ms(base_p50), ms(side_p50),
-                ratio(side_p50, base_p50)),
-            Row(f"{label}: first token after a swap, max", against, ms(max(baseline.after_swap)),
-                ms(max(side.after_swap)), ratio(max(side.after_swap), max(baseline.after_swap))),
-            Row(f"{label}: prompt tokens processed again (of {side.prompt_tokens})", against,
-                f"{baseline.again:,}", f"{side.again:,}", ratio(side.again, baseline.again)),
-        ]
-    return found
+    return [row for side in sides for row in side_rows(side, baseline, against)]
 
 
 async def main(agents: int, turns: int, opening: int) -> None:

@@ -29,7 +29,6 @@ import json
 import os
 import re
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -40,33 +39,20 @@ from pathlib import Path
 import aiohttp
 
 from bench.launch import HOST, REPO, free_port, running_llmswap
-from bench.report import Row, markdown_table, ms, ratio
+from bench.report import Row, markdown_table, ms
 from bench.report import machine as describe_machine
-from bench.swap_penalty import Turn, ask, running, server_argv, words
+from bench.swap_penalty import Side, Turn, ask, running, server_argv, side_rows, words
 
 CONTEXT = 4096
 PHASES = ("drain", "save", "stop", "prefetch", "start", "restore", "wake")
 
 
 @dataclass
-class System:
-    name: str
-    turns: list[Turn] = field(default_factory=list)
+class System(Side):
+    """One system's run: its turns (`Side`), and its answers and llmswap's phases beside them."""
+
     answers: dict[int, list[str]] = field(default_factory=dict)  # per agent, in order
-    total: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # mean seconds per phase (llmswap only)
-
-    @property
-    def after_swap(self) -> list[float]:
-        return [turn.first_token for turn in self.turns if turn.swapped] or [0.0]
-
-    @property
-    def again(self) -> int:
-        return sum(turn.again for turn in self.turns)
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(turn.processed + turn.cached for turn in self.turns)
 
 
 def drop_page_cache(files: list[Path]) -> str:
@@ -196,22 +182,11 @@ def agreeing(system: System, reference: System) -> str:
 def rows(best: System, systems: list[System], reference: System) -> list[Row]:
     against = f"{best.name} (best peer), same run"
     found: list[Row] = []
-    best_p50 = statistics.median(best.after_swap)
     for system in systems:
         label = system.name
-        p50 = statistics.median(system.after_swap)
-        found += [
-            Row(f"{label}: total time", against, f"{best.total:.1f} s", f"{system.total:.1f} s",
-                ratio(system.total, best.total)),
-            Row(f"{label}: first token after a swap, p50", against, ms(best_p50), ms(p50),
-                ratio(p50, best_p50)),
-            Row(f"{label}: first token after a swap, max", against, ms(max(best.after_swap)),
-                ms(max(system.after_swap)), ratio(max(system.after_swap), max(best.after_swap))),
-            Row(f"{label}: prompt tokens processed again (of {system.prompt_tokens})", against,
-                f"{best.again:,}", f"{system.again:,}", ratio(system.again, best.again)),
-            Row(f"{label}: answers equal to {reference.name}'s", against, agreeing(best, reference),
-                agreeing(system, reference), ""),
-        ]
+        found += side_rows(system, best, against)
+        found.append(Row(f"{label}: answers equal to {reference.name}'s", against, agreeing(best, reference),
+                         agreeing(system, reference), ""))
         for phase in PHASES:
             if phase in system.phases:
                 found.append(Row(f"{label}: mean {phase} phase", "llmswap's own measure", "",
