@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -155,3 +156,12 @@ def _is_keeper(process: psutil.Process) -> bool:
         return any(part.endswith("keeper.py") for part in process.cmdline())
     except psutil.Error:
         return False
+
+
+def find_llama_swap() -> str | None:
+    """llama-swap's binary for the benches that run it beside llmswap: the one built from its source beside
+    the repository (`../shared/bin/llama-swap`), else one on PATH."""
+    beside = REPO.parent / "shared" / "bin" / "llama-swap"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("llama-swap")

@@ -8,7 +8,8 @@ Sides, in the same run and on the same conversations (greedy decoding: every sid
 - llmswap with `kvCache: false` (the baseline: what every proxy does, the prompt is processed again);
 - llmswap with `kvCache: true` (slots saved before the swap away, restored after the swap back);
 - llama.cpp's own router mode (`llama-server --models-dir DIR --models-max 1`), when llama-server is here;
-- llama-swap, when a `llama-swap` binary is on PATH (its config is llmswap's without `kvCache`).
+- llama-swap (`../shared/bin/llama-swap` beside the repository, else one on PATH; its config is llmswap's
+  without `kvCache`).
 
 Rows: total time, time to first token of the turns that followed a swap (p50 and max), and prompt tokens
 processed again (tokens of the conversation the model had seen at its previous turn, computed anew rather
@@ -22,7 +23,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import shutil
 import statistics
 import subprocess
 import sys
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.launch import HOST, free_port, running_llmswap, wait_answering
+from bench.launch import HOST, find_llama_swap, free_port, running_llmswap, wait_answering
 from bench.report import Row, markdown_table, ms, ratio
 from bench.report import machine as describe_machine
 
@@ -249,7 +249,7 @@ async def main(agents: int, turns: int, opening: int) -> None:
             ("kv on", lambda: llmswap_side(folder, binary, ggufs, turns, opening, kv=True)),
             ("router", lambda: router_side(folder, binary, ggufs, turns, opening)),
         ]
-        llama_swap = shutil.which("llama-swap")
+        llama_swap = find_llama_swap()
         if llama_swap is not None:
             found = llama_swap
             runs.append(("llama-swap", lambda: llama_swap_side(folder, binary, ggufs, turns, opening, found)))
@@ -260,7 +260,7 @@ async def main(agents: int, turns: int, opening: int) -> None:
     baseline = sides[0]
     table = rows(baseline, sides[1:])
     if llama_swap is None:
-        table.append(Row.skipped("llama-swap", "no llama-swap binary on PATH"))
+        table.append(Row.skipped("llama-swap", "no llama-swap binary beside the repository or on PATH"))
     print(f"swap penalty: {agents} agents, {turns} turns each, openings of {opening} words; one model loaded "
           f"at a time\n\nmachine: {describe_machine()}\n")
     print(markdown_table(table))

@@ -28,7 +28,6 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -38,7 +37,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.launch import HOST, REPO, free_port, running_llmswap
+from bench.launch import HOST, find_llama_swap, free_port, running_llmswap
 from bench.report import Row, markdown_table, ms
 from bench.report import machine as describe_machine
 from bench.swap_penalty import Side, Turn, ask, running, server_argv, side_rows, words
@@ -163,13 +162,6 @@ async def llama_swap_system(folder: Path, binary: str, ggufs: dict[str, Path], t
                        folder / "llama-swap.log"):
         await agents_talk(url, list(ggufs), turns, opening, system)
     return system
-
-
-def find_llama_swap() -> str | None:
-    beside = REPO.parent / "shared" / "bin" / "llama-swap"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which("llama-swap")
 
 
 def agreeing(system: System, reference: System) -> str:
