@@ -14,6 +14,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmswap.config.model import (
+    DEFAULT_HEALTH_CHECK_TIMEOUT,
+    DEFAULT_START_PORT,
+    DEFAULT_UNLOAD_TIMEOUT,
+    BatchSettings,
+)
+
 NO_DEFAULT = object()
 
 # Every scalar may be a macro (`${name}`), expanded before its type is read, or null (the default).
@@ -194,8 +201,9 @@ FIFO = Section("the fifo scheduler's settings",
 
 BATCH = Section(
     "the batch scheduler's settings",
-    Key("maxWait", "seconds any request may wait for its model's turn", NUMBER, 30),
-    Key("minResidency", "seconds a loaded model stays before it may be swapped out", NUMBER, 0),
+    Key("maxWait", "seconds any request may wait for its model's turn", NUMBER, BatchSettings.max_wait),
+    Key("minResidency", "seconds a loaded model stays before it may be swapped out (unless idle)", NUMBER,
+        BatchSettings.min_residency),
     Key("priority", "a priority per model (higher first)", NUMBER_MAP),
 )
 
@@ -323,7 +331,7 @@ TASK_TYPE = Section(
 TASKS = Section(
     "the durable queue of background tasks",
     Key("db", "a SQLite file, or a postgresql:// URL for a queue shared by several hosts", STR,
-        "llmswap-tasks.sqlite"),
+        "./llmswap-tasks.sqlite"),
     Key("maxQueueDepth", "tasks queued at most per type", INTEGER),
     Key("types", "the task types and their models", entries=TASK_TYPE),
     Key("priority", "the priority of task requests against interactive ones", INTEGER),
@@ -334,17 +342,19 @@ TASKS = Section(
 
 ROOT = Section(
     "llmswap's configuration (llama-swap's format, and llmswap's additions)",
-    Key("healthCheckTimeout", "seconds a model may take to start (at least 15)", NUMBER, 120),
+    Key("healthCheckTimeout", "seconds a model may take to start (at least 15)", NUMBER,
+        DEFAULT_HEALTH_CHECK_TIMEOUT),
     Key("logLevel", "debug, info, warn or error", choice("debug", "info", "warn", "warning", "error"),
         "info"),
     Key("logTimeFormat", "timestamps of log lines (empty: none; rfc3339, ...)", STR, ""),
     Key("logToStdout", "what goes to stdout: proxy, upstream, both or none",
         choice("proxy", "upstream", "both", "none"), "proxy"),
-    Key("startPort", "the first ${PORT} given to a model", INTEGER, 5800),
+    Key("startPort", "the first ${PORT} given to a model", INTEGER, DEFAULT_START_PORT),
     Key("sendLoadingState", "stream a load's progress to waiting streaming clients", BOOL, False),
     Key("includeAliasesInList", "list aliases in /v1/models too", BOOL, False),
     Key("globalTTL", "seconds idle before a model is stopped (0: never)", NUMBER, 0),
-    Key("unloadTimeout", "seconds a model's server gets to stop before it is killed", NUMBER, 10),
+    Key("unloadTimeout", "seconds a model's server gets to stop before it is killed", NUMBER,
+        DEFAULT_UNLOAD_TIMEOUT),
     Key("macros", "names replaced in the models' settings (${name})", ANY_MAP),
     Key("models", "the models, by id", entries=MODEL),
     Key("apiKeys", "keys clients must send (none: no key needed)",

@@ -120,6 +120,7 @@ def _limit(request: web.Request, default: int) -> int:
 @_refusals
 async def upload(request: web.Request) -> web.Response:
     service = _service(request)
+    await service.settled()
     limit = state(request).config.max_request_body
     if request.content_length is not None and request.content_length > limit:
         return error_response(request, 413, too_large_message(limit), force_json=True)
@@ -218,6 +219,7 @@ async def delete_file(request: web.Request) -> web.Response:
 @_refusals
 async def create_batch(request: web.Request) -> web.Response:
     service = _service(request)
+    await service.settled()
     try:
         body = await request.json()
     except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deeply

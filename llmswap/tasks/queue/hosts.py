@@ -44,6 +44,10 @@ class QueueHost:
         self._served = served
         self._wake = wake
         self.joined = asyncio.Event()
+        # Set once the first join attempt has an answer: joined, or the database found away. A submission
+        # that comes at startup waits for it (briefly) rather than meet a database whose tables are being
+        # made (`TaskService.settled`).
+        self.settled = asyncio.Event()
         self._tables = False  # the tables are made (or migrated) and at this code's version
         self.failed: str | None = None  # why this host could not join (its name is taken)
         self.hosts: list[HostEntry] = []  # every registered host, as the last heartbeat read them
@@ -105,11 +109,13 @@ class QueueHost:
                 await self._beat()
                 break
             except TaskDatabaseError as exc:  # made by a newer llmswap: waiting will not help
+                self.settled.set()
                 self.failed = str(exc)
                 log.error("tasks: %s; this host runs no tasks from the shared queue", exc)
                 return False
             except HostNameTaken as exc:
                 if asyncio.get_running_loop().time() > deadline:
+                    self.settled.set()
                     self.failed = str(exc)
                     log.error("tasks: %s; this host runs no tasks from the shared queue", exc)
                     return False
@@ -125,6 +131,7 @@ class QueueHost:
         self._up()
         log.info("tasks: host %s joined the shared queue at %s", self.name, display(self.db))
         self.joined.set()
+        self.settled.set()
         self._wake()
         return True
 
@@ -145,6 +152,7 @@ class QueueHost:
 
     def _down(self, exc: BaseException) -> None:
         reason = " ".join(str(exc).split()) or type(exc).__name__
+        self.settled.set()
         if self.outage is None:
             log.warning("tasks: the shared queue's database %s cannot be reached (%s); models are served as "
                         "before, task requests answer 503 until it is back", display(self.db), reason)

@@ -15,6 +15,7 @@ batches whose requests are all done.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import dataclasses
 import json
@@ -50,6 +51,10 @@ from llmswap.upstream import Dispatcher, UpstreamUnreachable
 from llmswap.upstream.dispatcher import Lease
 
 log = logging.getLogger("llmswap.tasks")
+
+# Seconds a submission at startup waits for a shared queue's first join attempt: longer than the pool's
+# 5 s wait for a connection, after which a database that is away is known to be.
+SETTLE_WAIT = 8.0
 
 
 # The router's grant a lane holds for the task in hand, set around its claim and POST (in the lane's task).
@@ -225,7 +230,16 @@ class TaskService:
     def discard_threadsafe(self, task_id: int) -> None:
         self._loop.call_soon_threadsafe(self.lanes.discard, task_id)
 
+    async def settled(self) -> None:
+        """On a shared queue, until this host's first join attempt has an answer (bounded): a submission
+        right after startup then finds the tables the join makes, or the outage it found."""
+        host = self.queue_host
+        if host is not None and not host.settled.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(host.settled.wait(), SETTLE_WAIT)
+
     async def submit(self, task_type: str, job_id: int | None, params: Any) -> tuple[int, bool]:
+        await self.settled()
         if task_type not in self.tasks.types:
             await self._check_served(task_type)
         # Without a job id every submission is its own task; with one, a duplicate of a queued or
