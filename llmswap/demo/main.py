@@ -22,6 +22,7 @@ from llmswap.demo.context import Demo
 from llmswap.demo.fake_gpu import out_of_memory, remove_claim, write_claim
 from llmswap.demo.options import DemoOptions, parse_options
 from llmswap.demo.sleep_api import Sleep
+from llmswap.demo.slots_api import read_whole
 
 EXIT_OK = 0
 EXIT_CANNOT_START = 1
@@ -156,7 +157,7 @@ async def _serve(options: DemoOptions, started_at: float) -> int:
         def loaded(_: object) -> None:
             after(options.startup_delay, healthy_when_file)
 
-        loop.run_in_executor(None, read_weights, weights).add_done_callback(loaded)
+        loop.run_in_executor(None, read_whole, weights).add_done_callback(loaded)
     elif not options.never_healthy:
         after(options.startup_delay, healthy_when_file)
     if options.exit_after is not None:
@@ -169,12 +170,3 @@ async def _serve(options: DemoOptions, started_at: float) -> int:
             remove_claim(claim)
     return exit_code
 
-
-def read_weights(path: Path) -> int:
-    """Read `path` whole (a thread's work), as a server reads its model's weights; the bytes read."""
-    done = 0
-    buffer = bytearray(8 << 20)
-    with path.open("rb", buffering=0) as file:
-        while count := file.readinto(buffer):
-            done += count
-    return done

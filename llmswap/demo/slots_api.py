@@ -51,7 +51,7 @@ def routes(demo: Demo, folder: Path) -> list[web.RouteDef]:
                                     "timings": {"save_ms": ms}})
         if kind == "restore":
             try:
-                size = await asyncio.to_thread(_read, path)
+                size = await asyncio.to_thread(read_whole, path)
             except FileNotFoundError:
                 return demo.reply(got, error_body(got.path, 400, f"failed to restore slot: {name}"),
                                   status=400)
@@ -74,7 +74,8 @@ def _write(path: Path, size: int) -> None:
         file.flush()
 
 
-def _read(path: Path) -> int:
+def read_whole(path: Path) -> int:
+    """Read `path` whole (a thread's work: a restore, or a model's weights at start); the bytes read."""
     done = 0
     buffer = bytearray(CHUNK)
     with path.open("rb", buffering=0) as file:
