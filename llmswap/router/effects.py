@@ -205,8 +205,12 @@ class RouterEffects(Effects):
         if not running.task.done():
             running.prefetch.cancel()
             running.task.cancel()
+        return self._prefetch_phase(running)
+
+    def _prefetch_phase(self, running: _Prefetching) -> SwapPhase:
+        """A prefetch's phase: from its start to its end, or to now while it runs."""
         ended = running.ended if running.ended is not None else self.clock()
-        return SwapPhase("prefetch", model, ended - running.started)
+        return SwapPhase("prefetch", running.prefetch.model, ended - running.started)
 
     def _prefetched(self, running: _Prefetching, task: asyncio.Task[PrefetchReport]) -> None:
         running.ended = self.clock()
@@ -303,10 +307,7 @@ class RouterEffects(Effects):
 
     def _prefetch_so_far(self, model: str) -> tuple[SwapPhase, ...]:
         running = self._prefetches.get(model)
-        if running is None:
-            return ()
-        ended = running.ended if running.ended is not None else self.clock()
-        return (SwapPhase("prefetch", model, ended - running.started),)
+        return () if running is None else (self._prefetch_phase(running),)
 
     async def _evict(self, model: str, phases: list[SwapPhase]) -> None:
         # llama-swap uses healthCheckTimeout (default 120 s) as the eviction grace; the victim's own
