@@ -1,8 +1,8 @@
 """A discrete-event simulation of one router: a virtual clock, simulated processes, a real scheduler.
 
-`Simulation` plays BaseRouter's part without processes or an event loop: it implements `Effects`,
+`Simulation` plays Router's part without processes or an event loop: it implements `Effects`,
 feeds the scheduler its events one at a time in clock order, and arms the scheduler's timer
-(`next_deadline` → `on_tick`) the way BaseRouter does. A swap takes its model's load time (the
+(`next_deadline` → `on_tick`) the way Router does. A swap takes its model's load time (the
 victims stop at once), a granted request is served for a service time drawn per request, an
 unload stops at once. The scheduler under test is the production `FifoScheduler` or
 `BatchScheduler`, reading the simulation's clock.
@@ -151,7 +151,7 @@ class Simulation:
         return outcome
 
     def _deliver(self, event: Callable[[], None]) -> None:
-        """Hand the scheduler one event, then re-arm its timer as BaseRouter does."""
+        """Hand the scheduler one event, then re-arm its timer as Router does."""
         event()
         self._arm()
 

@@ -14,6 +14,7 @@ from bench.sim.traces import Trace
 from llmswap.config.model import DEFAULT_GROUP_ID, AdmissionConfig, BatchSettings, GroupConfig
 from llmswap.scheduler.batch import BatchScheduler
 from llmswap.scheduler.fifo import FifoScheduler
+from llmswap.scheduler.settings import QueueSettings
 from llmswap.scheduler.swappers.group import GroupSwapper
 from llmswap.scheduler.types import Scheduler
 
@@ -56,13 +57,13 @@ def simulate(trace: Trace, scheduler: str, *, batch: BatchSettings | None = None
 
     # Concurrency limits would turn queueing into 429s and hide the scheduling; admission is opt-in.
     limits = dict.fromkeys(trace.models, UNLIMITED)
+    settings = QueueSettings(limits=limits, admission=admission, preempt_below=preempt_below)
 
     def make(sim: Simulation) -> Scheduler:
         if scheduler == "batch":
-            return BatchScheduler("sim", swapper, sim, limits=limits, settings=batch or BatchSettings(),
-                                  clock=sim.clock, admission=admission, preempt_below=preempt_below)
-        return FifoScheduler("sim", swapper, sim, limits=limits, clock=sim.clock, admission=admission,
-                             preempt_below=preempt_below)
+            return BatchScheduler("sim", swapper, sim, settings=settings, batch=batch or BatchSettings(),
+                                  clock=sim.clock)
+        return FifoScheduler("sim", swapper, sim, settings=settings, clock=sim.clock)
 
     sim = Simulation(trace.models, make, seed=seed)
     trace.workload(sim)

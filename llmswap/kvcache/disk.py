@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,6 @@ log = logging.getLogger("llmswap.kvcache")
 STATE_FILE = "state.json"
 PARTIAL = ".partial"
 FOLDER_MODE = 0o700  # saves hold the conversations' state: nobody else on the machine reads them
-
-# Saves a restore is reading right now, across every model of this llmswap (one event loop): the disk
-# bound never deletes them.
-RESTORING: set[Path] = set()
-
 
 def slot_file(slot: int) -> str:
     return f"slot{slot}.bin"
@@ -121,10 +117,10 @@ class SaveFolder:
         """The server was saved and is stopping: its saves are vouched for again."""
         self._update(clean=True, fingerprint=current)
 
-    def clear(self) -> list[Save]:
-        """Delete every save but one a restore is reading this moment (it goes at the next clear); returns
-        what was deleted."""
-        deleted = [save for save in self.saves() if save.path not in RESTORING]
+    def clear(self, restoring: Collection[Path] = ()) -> list[Save]:
+        """Delete every save but one a restore is reading this moment (`restoring`: it goes at the next
+        clear); returns what was deleted."""
+        deleted = [save for save in self.saves() if save.path not in restoring]
         for save in deleted:
             save.path.unlink(missing_ok=True)
         self._update(slots={})
@@ -189,13 +185,14 @@ def all_saves(root: Path) -> list[Save]:
     return found
 
 
-def hold_bound(root: Path, max_size: int) -> list[Save]:
+def hold_bound(root: Path, max_size: int, restoring: Collection[Path] = ()) -> list[Save]:
     """Delete the least recently used saves under `root` until their total is at most `max_size`, never one
-    being restored; a single save larger than `max_size` is deleted whatever its age. Returns what was
-    deleted."""
-    protected = RESTORING
+    in `restoring` (being read by a restore); a single save larger than `max_size` is deleted whatever its
+    age. Returns what was deleted. It reads every model's folder: run it on a worker thread."""
+    protected = frozenset(restoring)
     saves = sorted(all_saves(root), key=lambda save: save.used)
-    deleted = [save for save in saves if save.bytes > max_size]  # never kept, however recent
+    # A save larger than the bound is never kept, however recent (once its restore has read it).
+    deleted = [save for save in saves if save.bytes > max_size and save.path not in protected]
     total = sum(save.bytes for save in saves) - sum(save.bytes for save in deleted)
     for save in saves:
         if save.bytes > max_size:

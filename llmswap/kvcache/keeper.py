@@ -17,16 +17,18 @@ stop or the start goes on without it.
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 import time
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
 
 import aiohttp
 
+from llmswap import calls
 from llmswap.config.model import ModelConfig
-from llmswap.kvcache.disk import PARTIAL, RESTORING, SaveFolder, fingerprint, hold_bound, slot_file
+from llmswap.kvcache.disk import PARTIAL, SaveFolder, fingerprint, hold_bound, slot_file
 from llmswap.kvcache.rates import KvRates
 
 log = logging.getLogger("llmswap.kvcache")
@@ -45,14 +47,25 @@ class KvReport:
     skipped: int = 0  # slots not saved because processing their tokens again is cheaper (`save: auto`)
 
 
+@dataclass(frozen=True)
+class KvShared:
+    """What the keepers of every model of one llmswap share (the router owns it; a reload's successor keeps
+    it): the rates `kvCache.save: auto` decides from, and the saves a restore is reading right now, which the
+    disk bound never deletes."""
+
+    rates: KvRates = field(default_factory=KvRates)
+    restoring: set[Path] = field(default_factory=set)
+
+
 class KvKeeper:
     """The slot saves of one model's server (see the module's doc)."""
 
-    def __init__(self, config: ModelConfig, rates: KvRates) -> None:
+    def __init__(self, config: ModelConfig, shared: KvShared) -> None:
         assert config.kv_cache is not None and config.kv_dir is not None
         self.config = config
         self.settings = config.kv_cache
-        self.rates = rates
+        self.shared = shared
+        self.rates = shared.rates
         self.folder = SaveFolder(config.kv_dir)
         self.written_by = ""  # the fingerprint of this life's server (`disk.fingerprint`), once prepared
         self._restorable: list[int] = []
@@ -81,7 +94,7 @@ class KvKeeper:
         report = KvReport("save")
         try:
             async with self._session(self.settings.save_timeout) as session:
-                slots = await _json(session, "GET", f"{self._base}/slots")
+                slots = await calls.call_json(session, "GET", f"{self._base}/slots")
                 used = [(slot["id"], int(slot.get("n_prompt_tokens") or 0)) for slot in slots
                         if isinstance(slot, dict) and isinstance(slot.get("id"), int)
                         and int(slot.get("n_prompt_tokens") or 0) > 0]
@@ -93,10 +106,11 @@ class KvKeeper:
                         log.info("[%s] kv cache: slot %d not saved: %s", self.config.id, slot, choice.reason)
                         continue
                     report = await self._save_one(session, slot, report)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        except (calls.CallFailed, *calls.UNREACHABLE) as exc:
             report = _failed(report, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         self.folder.finished(self.written_by)
-        hold_bound(self.settings.dir, self.settings.max_size)
+        await asyncio.to_thread(hold_bound, self.settings.dir, self.settings.max_size,
+                                frozenset(self.shared.restoring))
         if not report.slots and not report.failed and not report.skipped:
             return None
         report = _done(report, began)
@@ -110,8 +124,8 @@ class KvKeeper:
 
     async def _save_one(self, session: aiohttp.ClientSession, slot: int, report: KvReport) -> KvReport:
         began = time.monotonic()
-        answer = await _json(session, "POST", f"{self._base}/slots/{slot}?action=save",
-                             {"filename": slot_file(slot) + PARTIAL})
+        answer = await calls.call_json(session, "POST", f"{self._base}/slots/{slot}?action=save",
+                                       {"filename": slot_file(slot) + PARTIAL})
         seconds = time.monotonic() - began
         saved = self.folder.saved(slot, int(answer.get("n_saved", 0)), seconds)
         if saved is None:
@@ -126,16 +140,17 @@ class KvKeeper:
     async def _restore_all(self, began: float) -> KvReport:
         report = KvReport("restore")
         paths = {self.folder.path / slot_file(slot) for slot in self._restorable}
-        RESTORING.update(paths)
+        self.shared.restoring.update(paths)
         try:
             async with self._session(self.settings.restore_timeout) as session:
                 for slot in self._restorable:
                     one = time.monotonic()
                     try:
-                        answer = await _json(session, "POST", f"{self._base}/slots/{slot}?action=restore",
-                                             {"filename": slot_file(slot)})
-                    except aiohttp.ClientResponseError as exc:
-                        report = _failed(report, f"slot {slot}: {exc.message}")
+                        answer = await calls.call_json(session, "POST",
+                                                       f"{self._base}/slots/{slot}?action=restore",
+                                                       {"filename": slot_file(slot)})
+                    except calls.CallFailed as failed:
+                        report = _failed(report, f"slot {slot}: {failed.message}")
                         continue
                     self.rates.learn_restore(self.settings.dir, int(answer.get("n_read", 0)),
                                              time.monotonic() - one)
@@ -143,10 +158,10 @@ class KvKeeper:
                     report = replace(report, slots=report.slots + 1,
                                      tokens=report.tokens + int(answer.get("n_restored", 0)),
                                      bytes=report.bytes + int(answer.get("n_read", 0)))
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        except calls.UNREACHABLE as exc:
             report = _failed(report, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         finally:
-            RESTORING.difference_update(paths)
+            self.shared.restoring.difference_update(paths)
         report = _done(report, began)
         if report.failed:
             log.warning("[%s] kv cache: restore incomplete (%s); those slots start empty", self.config.id,
@@ -160,7 +175,7 @@ class KvKeeper:
         return self.config.proxy.rstrip("/")
 
     def _session(self, seconds: float) -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=seconds), auto_decompress=False)
+        return calls.session(seconds)
 
 
 def prepare_kv_dir(config: ModelConfig, keeper: KvKeeper | None) -> None:
@@ -170,27 +185,6 @@ def prepare_kv_dir(config: ModelConfig, keeper: KvKeeper | None) -> None:
         config.kv_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     if keeper is not None:
         keeper.prepare()
-
-
-async def _json(session: aiohttp.ClientSession, method: str, url: str, body: Any = None) -> Any:
-    """One call's JSON answer; another status than 200 raises ClientResponseError (the server's message)."""
-    async with session.request(method, url, json=body) as response:
-        text = await response.text()
-        if response.status != 200:
-            raise aiohttp.ClientResponseError(response.request_info, (), status=response.status,
-                                              message=_message(text) or response.reason or "")
-        return json.loads(text)
-
-
-def _message(text: str) -> str:
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return text[:200]
-    error = body.get("error") if isinstance(body, dict) else None
-    if isinstance(error, dict):
-        return str(error.get("message", ""))[:200]
-    return text[:200]
 
 
 def _failed(report: KvReport, why: str) -> KvReport:

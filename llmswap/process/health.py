@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-import aiohttp
+from llmswap import calls
 
 FIRST_POLL_DELAY = 0.010
 POLL_GROWTH = 1.5
@@ -48,14 +48,6 @@ def health_url(proxy: str, check_endpoint: str) -> str | None:
     return proxy.rstrip("/") + endpoint
 
 
-async def probe(session: aiohttp.ClientSession, url: str) -> int | None:
-    """The status `url` answers with, or None when it cannot be reached (not listening yet, reset, slow)."""
-    try:
-        async with session.get(url, allow_redirects=False) as response:
-            await response.read()  # lets the connection be reused by the next probe
-            return response.status
-    except (aiohttp.ClientError, OSError, TimeoutError):
-        return None
 
 
 class HealthEndpointMissing(Exception):
@@ -74,10 +66,9 @@ async def wait_until_healthy(url: str, *, clock: Callable[[], float]) -> None:
     began = clock()
     delay: float | None = None
     not_found_since: float | None = None
-    timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with calls.session(PROBE_TIMEOUT) as session:
         while True:
-            status = await probe(session, url)
+            status = await calls.status_of(session, url)
             if status == 200:
                 logger.debug("Health check passed on %s", url)
                 return

@@ -33,8 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from llmswap.config.model import ModelConfig
-from llmswap.kvcache.keeper import KvKeeper, KvReport, prepare_kv_dir
-from llmswap.kvcache.rates import KvRates
+from llmswap.kvcache.keeper import KvKeeper, KvReport, KvShared, prepare_kv_dir
 from llmswap.process import sleeping
 from llmswap.process.child import Child, spawn_child
 from llmswap.process.durations import format_go_duration
@@ -75,7 +74,7 @@ class Process:
         log_ring: LogRing | None = None,
         mirror: LogRing | None = None,
         clock: Callable[[], float] = time.monotonic,
-        kv_rates: KvRates | None = None,
+        kv: KvShared | None = None,
     ) -> None:
         self.config = config
         self.id = config.id
@@ -89,7 +88,7 @@ class Process:
         self._run: Run | None = None
         self._closing = False
         self._idle = IdleTimer(config.ttl)
-        self._kv = KvKeeper(config, kv_rates or KvRates()) if config.kv_cache is not None else None
+        self._kv = KvKeeper(config, kv or KvShared()) if config.kv_cache is not None else None
         self.asleep_since: float | None = None  # when the server went to sleep (clock), while it sleeps
 
     def __repr__(self) -> str:

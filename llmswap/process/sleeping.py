@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-import aiohttp
-
+from llmswap import calls
 from llmswap.config.model import ModelConfig
 
 POLL = 0.1  # seconds between two GET /is_sleeping while a wake completes
@@ -35,13 +34,12 @@ async def call(config: ModelConfig, which: tuple[str, str], timeout: float) -> s
     method, path = which
     url = config.proxy.rstrip("/") + path
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session, \
-                session.request(method, url) as response:
-            text = (await response.text())[:200]
-            if 200 <= response.status < 300:
-                return None
-            return f"{method} {path} answered {response.status} {text.strip()}".rstrip()
-    except (aiohttp.ClientError, TimeoutError) as exc:
+        async with calls.session(timeout) as session:
+            await calls.call(session, method, url)
+            return None
+    except calls.CallFailed as failed:
+        return f"{method} {path} answered {failed.status} {failed.message}".rstrip()
+    except calls.UNREACHABLE as exc:
         return f"{method} {path} failed: {type(exc).__name__} {exc}".rstrip()
 
 
@@ -50,16 +48,16 @@ async def wait_awake(config: ModelConfig, timeout: float) -> str | None:
     without that endpoint (404) is taken at its word."""
     url = config.proxy.rstrip("/") + "/is_sleeping"
     deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+    async with calls.session(timeout) as session:
         while True:
             try:
-                async with session.get(url) as response:
-                    if response.status == 404:
-                        return None
-                    body = await response.json(content_type=None) if response.status == 200 else None
-                    if isinstance(body, dict) and body.get("is_sleeping") is False:
-                        return None
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                body = await calls.call_json(session, "GET", url)
+                if isinstance(body, dict) and body.get("is_sleeping") is False:
+                    return None
+            except calls.CallFailed as failed:
+                if failed.status == 404:
+                    return None
+            except calls.UNREACHABLE as exc:
                 return f"GET /is_sleeping failed: {type(exc).__name__} {exc}".rstrip()
             if time.monotonic() >= deadline:
                 return f"GET /is_sleeping still said asleep after {timeout:g}s"

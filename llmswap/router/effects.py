@@ -1,11 +1,12 @@
-"""The router's `Effects`: what the scheduler may read and do, and the slow work run off the loop.
+"""What the router does to processes (`SwapWork`, the scheduler's `Effects`): what the scheduler may read and
+do, and the slow work run off the loop.
 
-`RouterEffects` is the part of `BaseRouter` that answers the scheduler: model states (as a reload's
-predecessor shows them), grants and errors (through each request's `Waiter`), the swaps in progress
-(`_swaps`) and the stop tasks. `start_swap` launches a task that stops the victims, waits for the hooks
-(`after_evictions`, a reload's predecessor) and starts the target, then posts `SwapDone`;
-`stop_processes` does the same for an unload with `StopDone`. Routers refine the two hooks (the vram
-router waits for memory and recovers from out-of-memory starts).
+`SwapWork` answers the scheduler: model states (as a reload's predecessor shows them, and as the router's
+policy adjusts them), grants and errors (through each request's `Waiter`), the swaps in progress and the
+stop tasks. `start_swap` launches a task that stops the victims, waits for the policy
+(`RouterPolicy.after_evictions`) and a reload's predecessor, and starts the target (`RouterPolicy.bring_up`),
+then posts `SwapDone`; `stop_processes` does the same for an unload with `StopDone`. The vram policy
+waits for memory there and recovers from out-of-memory starts.
 
 A swap is timed here, phase by phase, as it runs (`SwapPhase`): the scheduler says how long it waited for
 its victims' requests to end (`SwapPlan.drain`), each victim's stop says what its save and its stop took,
@@ -20,9 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
 
 import psutil
 
@@ -30,6 +30,7 @@ from llmswap.config.model import Config, ModelConfig
 from llmswap.process.events import LifeTimes
 from llmswap.process.prefetch import Prefetch, PrefetchReport, files_named
 from llmswap.process.state import RUNNING, ProcessState
+from llmswap.router.policy import RouterPolicy
 from llmswap.router.sleepers import host_allows_sleep, sleepers_to_stop
 from llmswap.router.succession import Succession
 from llmswap.router.types import (
@@ -71,18 +72,35 @@ class _Prefetching:
     ended: float | None = None
 
 
-class RouterEffects(Effects):
-    """The router's `Effects` (see the module docstring); `BaseRouter` provides the run loop and the rest."""
+class SwapWork(Effects):
+    """The router's `Effects` (see the module docstring). `scheduler` is set once the router made it (the
+    scheduler is built over this object)."""
 
-    name: str
     scheduler: Scheduler
-    processes: dict[str, ProcessLike]
-    config: Config
-    succession: Succession
-    stats: RouterStats
-    clock: Callable[[], float]
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: Config,
+        processes: dict[str, ProcessLike],
+        policy: RouterPolicy,
+        succession: Succession,
+        stats: RouterStats,
+        clock: Callable[[], float],
+        post: Callable[[object], None],
+        notify: Callable[[RouterEvent], None],
+        closing: Callable[[], bool],
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.processes = processes
+        self.policy = policy
+        self.succession = succession
+        self.stats = stats
+        self.clock = clock
+        self._post = post
+        self._notify = notify
+        self._closing = closing
         self._swaps: dict[str, _Swap] = {}
         self._stop_tasks: set[asyncio.Task[None]] = set()
         self._unload_done: asyncio.Future[None] | None = None
@@ -90,24 +108,51 @@ class RouterEffects(Effects):
         self._load_phases: dict[str, tuple[SwapPhase, ...]] = {}  # the phases of each model's last load
         self._prefetches: dict[str, _Prefetching] = {}
 
-    if TYPE_CHECKING:  # provided by BaseRouter: its run loop, its observers, its lifecycle
-        def _post(self, event: object) -> None: ...
-        def _notify(self, item: RouterEvent) -> None: ...
-        @property
-        def closing(self) -> bool: ...
+    @property
+    def swapping(self) -> frozenset[str]:
+        """The models a swap under way is for."""
+        return frozenset(self._swaps)
+
+    @contextlib.contextmanager
+    def unloading(self, done: asyncio.Future[None]) -> Iterator[None]:
+        """While the scheduler handles an unload: `stop_processes` resolves `done` once the processes are
+        dead; if the scheduler stopped nothing, `done` is resolved as the unload is handled."""
+        self._unload_done = done
+        try:
+            yield
+        finally:
+            if self._unload_done is not None:
+                resolve(self._unload_done)
+                self._unload_done = None
+
+    async def wind_down(self) -> None:
+        """At shutdown: cancel the swaps under way and the prefetches, and wait for them."""
+        swap_tasks = [s.task for s in self._swaps.values() if s.task is not None]
+        for task in swap_tasks:
+            task.cancel()
+        await asyncio.gather(*swap_tasks, return_exceptions=True)
+        await self.stop_prefetches()
+
+    async def stopped(self) -> None:
+        """Wait for the unloads under way."""
+        await asyncio.gather(*self._stop_tasks, return_exceptions=True)
 
     def model_state(self, model: str) -> ProcessState | None:
         process = self.processes.get(model)
         if process is None:
             return None
         state = process.state
-        return state if self.succession.incoming is None else self._visible_state(model, state)
+        if self.succession.incoming is not None:
+            state = self._visible_state(model, state)
+        return self.policy.state_of(model, state)
 
     def running_models(self) -> Mapping[str, ProcessState]:
         if self.succession.incoming is None:  # every state is as the process says (the hot path)
-            return {mid: state for mid, p in self.processes.items() if (state := p.state) in RUNNING}
-        states = {mid: self._visible_state(mid, p.state) for mid, p in self.processes.items()}
-        return {mid: state for mid, state in states.items() if state in RUNNING}
+            running = {mid: state for mid, p in self.processes.items() if (state := p.state) in RUNNING}
+        else:
+            states = {mid: self._visible_state(mid, p.state) for mid, p in self.processes.items()}
+            running = {mid: state for mid, state in states.items() if state in RUNNING}
+        return self.policy.adjust_running(running)
 
     def inherited_in_flight(self, model: str) -> int:
         return self.succession.inherited_in_flight(model)
@@ -129,6 +174,7 @@ class RouterEffects(Effects):
         if load is not None and load[1] >= req.arrived:  # its model finished loading while it waited
             waiter.load = load[1] - max(load[0], req.arrived)
             waiter.phases = self._load_phases.get(model, ())
+        self.policy.granted(model)
         return True
 
     def grant_error(self, req: HandlerRequest, err: SchedulerError) -> None:
@@ -272,17 +318,17 @@ class RouterEffects(Effects):
             swap.evicted = True
             self.succession.progress()
             if plan.evict:
-                await self.after_evictions(plan)
+                await self.policy.after_evictions(plan)
             await self.succession.before_start()
             if swap.aborted:
                 raise asyncio.CancelledError
             swap.starting = True
-            times = await self.start_target(target)
+            times = await self.policy.bring_up(target)
             swap.phases.extend(_phases(plan.model, times, "start", "restore", "wake"))
         except asyncio.CancelledError:
             # Aborted because nobody waits: make sure no half-started child stays behind. (On shutdown,
             # shutdown() itself stops every process.)
-            if not self.closing:
+            if not self._closing():
                 with contextlib.suppress(Exception):
                     await asyncio.shield(target.stop())
             error = SwapFailed(f"loading {plan.model} was aborted: no request waits for it")
@@ -340,14 +386,8 @@ class RouterEffects(Effects):
             await asyncio.gather(*(self.processes[m].stop(self.processes[m].config.unload_timeout)
                                    for m in excess))
 
-    async def after_evictions(self, plan: SwapPlan) -> None:
-        """Hook between stopping the victims and starting the target (the vram router waits for memory)."""
-
-    async def start_target(self, process: ProcessLike) -> LifeTimes | None:
-        """Hook: bring the target up (the vram router adds out-of-memory recovery); what it took."""
-        return await process.ensure_ready()
-
-    def _finish_swap(self, ev: SwapDone) -> None:
+    def finish_swap(self, ev: SwapDone) -> None:
+        """A swap's `SwapDone` reached the run loop: its phases go to the observers, once."""
         swap = self._swaps.pop(ev.model, None)
         if swap is None:
             return

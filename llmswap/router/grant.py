@@ -1,6 +1,6 @@
 """A granted request while it is served (`Grant`): the one owner of its end.
 
-`RequestApi.grant_now` and `grant` hand one out; `acquire` wraps one. From the grant to `release` the request
+`RequestDesk.grant_now` and `grant` hand one out; `acquire` wraps one. From the grant to `release` the request
 counts in flight twice: on the scheduler's books (`Scheduler.try_grant_now`/`on_request` put it there, its
 `ServeDone` takes it off) and on its process (the TTL holds: `request_started`/`request_ended`). `release`
 ends both, once: a second call changes nothing. A preemption (`Effects.preempt`) cancels the task that
@@ -32,7 +32,7 @@ class Grant:
         self.model = model  # the model granted (its process is `process`)
         self.process = process
         self.request = request
-        self._end = end  # the router's: counts it out of the scheduler (`BaseRouter._end`)
+        self._end = end  # the router's: counts it out of the scheduler (`RequestDesk.end`)
         self._backlog = backlog  # re-read as it ends (`ServeDone.backlog`)
         self._released = False
         self.phases: tuple[SwapPhase, ...] = request.handle.phases if request.handle is not None else ()

@@ -5,7 +5,7 @@ builds the new router so that each model whose `ModelConfig` did not change keep
 child, same PID, still loaded), then retires `old` through one `Handover`:
 
 - from that instant the old router takes no decision: its waiters, and any request that still reaches it,
-  wait on the successor instead (`Rerouted`, caught in `BaseRouter.acquire`);
+  wait on the successor instead (`Rerouted`, caught in `Router.acquire`);
 - requests the old router already granted finish on it, undisturbed;
 - the processes it keeps (changed and removed models) are shut down at once — llama-swap's unload semantics,
   in-flight requests on them are cut — and the successor starts nothing until they are gone, so a
@@ -16,7 +16,7 @@ child, same PID, still loaded), then retires `old` through one `Handover`:
   starting and its victims as stopping (`claim`), so it never grants a model that is about to be stopped nor
   ignores one that is about to run;
 - requests the old router still serves count toward the successor's `concurrencyLimit` (and its in-flight
-  gauge): `BaseRouter.inherited_in_flight`; what the old scheduler measured of the adopted models' service
+  gauge): `Router.inherited_in_flight`; what the old scheduler measured of the adopted models' service
   and load times carries over;
 - once the old router is idle its run loop ends and the successor forgets it (`done`).
 
@@ -39,7 +39,7 @@ from llmswap.router.types import ProcessEventSink, ProcessFactory, ProcessLike
 from llmswap.scheduler.estimates import ServiceTimes
 
 if TYPE_CHECKING:
-    from llmswap.router.base import BaseRouter
+    from llmswap.router.router import Router
 
 log = logging.getLogger("llmswap.router.handover")
 
@@ -56,16 +56,16 @@ def adoptable(old: Config, new: Config) -> frozenset[str]:
     )
 
 
-RouterBuilder = Callable[..., "BaseRouter"]
+RouterBuilder = Callable[..., "Router"]
 
 
 def successor_router(
-    old: BaseRouter,
+    old: Router,
     config: Config,
     *,
     build: RouterBuilder | None = None,
     process_factory: ProcessFactory | None = None,
-) -> BaseRouter:
+) -> Router:
     """Build the router for `config`, adopting `old`'s processes of unchanged models, and retire `old`.
 
     Not started: call `start()` on the result (and put it where requests find it) before awaiting
@@ -86,11 +86,11 @@ def successor_router(
             return old.processes[model.id]
         if process_factory is not None:
             return process_factory(model, on_event)
-        return Process(model, on_event=on_event, mirror=ring, kv_rates=old.kv_rates)
+        return Process(model, on_event=on_event, mirror=ring, kv=old.kv)
 
     new = build(config, process_factory=make)
     new.upstream_log = ring  # one combined upstream log across reloads: its tail stays continuous
-    new.kv_rates = old.kv_rates  # what `kvCache.save: auto` learned stays learned
+    new.kv = old.kv  # what `kvCache.save: auto` learned stays learned; a restore under way stays protected
     _carry_estimates(old, new, adopted)
     for observer in old.observers:
         new.add_observer(observer)
@@ -108,7 +108,7 @@ def successor_router(
     return new
 
 
-def _carry_estimates(old: BaseRouter, new: BaseRouter, adopted: frozenset[str]) -> None:
+def _carry_estimates(old: Router, new: Router, adopted: frozenset[str]) -> None:
     """What the old scheduler learned about the kept models' service and load times (Retry-After, batch
     planning) stays true of the same processes, so the new scheduler starts from it, not from defaults."""
     old_times = getattr(old.scheduler, "times", None)
@@ -120,7 +120,7 @@ def _carry_estimates(old: BaseRouter, new: BaseRouter, adopted: frozenset[str]) 
 class Handover:
     """One retirement: `old` winding down beside `new`, which adopted the processes in `adopted`."""
 
-    def __init__(self, old: BaseRouter, new: BaseRouter, adopted: frozenset[str]) -> None:
+    def __init__(self, old: Router, new: Router, adopted: frozenset[str]) -> None:
         self.old = old
         self.new = new
         self.successor = new

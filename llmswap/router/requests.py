@@ -1,11 +1,11 @@
-"""The router's request API: a model's `Grant` (`grant_now` when it may serve at once, `grant` waiting for the
-scheduler otherwise, `acquire` around either), and `load_of`, what a request arriving now would meet
-(selectors read it).
+"""What the router does for requests (`RequestDesk`): a model's `Grant` (`grant_now` when it may serve at
+once, `grant` waiting for the scheduler otherwise, `acquire` around either), a request's end (`end`), and
+`load_of`, what a request arriving now would meet (selectors read it).
 
-A mixin of `BaseRouter` (`llmswap.router.base`), which owns the run loop these methods post to. A request
-that arrives while no event waits in that loop's queue is offered to the scheduler directly
-(`Scheduler.try_grant_now`): when its model is ready and free it is granted on the caller's task, without
-the round trip through the queue and without a future to wait on; otherwise it is posted like any other.
+The desk posts to the router's `RunLoop`. A request that arrives while no event waits in the loop's queue is
+offered to the scheduler directly (`Scheduler.try_grant_now`): when its model is ready and free it is granted
+on the caller's task, without the round trip through the queue and without a future to wait on; otherwise
+it is posted like any other. A request's end is handled the same way (`end`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from llmswap.process.state import ProcessState
 from llmswap.router.grant import Grant
+from llmswap.router.loop import RunLoop
 from llmswap.router.succession import Succession
 from llmswap.router.types import (
     NO_OPTIONS,
@@ -34,30 +35,47 @@ from llmswap.scheduler.errors import Preempted, ShuttingDown
 from llmswap.scheduler.types import HandlerRequest, ModelLoad, Scheduler, ServeDone
 
 
-class RequestApi:
-    """`acquire` and `load_of` over the router's run loop (see the module docstring)."""
+class RequestDesk:
+    """`acquire`, `grant`, `end` and `load_of` over the router's run loop (see the module docstring)."""
 
-    # Provided by BaseRouter.
-    name: str
-    scheduler: Scheduler
-    processes: dict[str, ProcessLike]
-    succession: Succession
-    clock: Callable[[], float]
-    _closing: bool
-    _run_task: asyncio.Task[None] | None
-    _seq: itertools.count[int]
-    _events: asyncio.Queue[object]
-    _unhandled: dict[str, int]
+    def __init__(
+        self,
+        name: str,
+        loop: RunLoop,
+        scheduler: Scheduler,
+        processes: dict[str, ProcessLike],
+        succession: Succession,
+        clock: Callable[[], float],
+        model_state: Callable[[str], ProcessState | None],
+        closing: Callable[[], bool],
+    ) -> None:
+        self.name = name
+        self._loop = loop
+        self._scheduler = scheduler
+        self._processes = processes
+        self._succession = succession
+        self._clock = clock
+        self._model_state = model_state
+        self._closing = closing
+        self._seq = itertools.count(1)
+        # Requests posted to the run loop that the scheduler has not seen yet, per model: `load_of` counts
+        # them, so two choices made in one loop step do not both see room for one.
+        self._unhandled: dict[str, int] = {}
 
-    if TYPE_CHECKING:  # provided by BaseRouter (its run loop) and RouterEffects
-        def _post(self, event: object) -> None: ...
-        def _end(self, done: ServeDone) -> None: ...
-        def model_state(self, model: str) -> ProcessState | None: ...
-
-    def _handled(self, req: HandlerRequest) -> None:
+    def handled(self, req: HandlerRequest) -> None:
         """The run loop hands `req` to the scheduler: it is no longer on its way (see `load_of`)."""
         _decrement(self._unhandled, req.model)
 
+    def end(self, done: ServeDone) -> None:
+        """A granted request ended. With no event ahead of it in the queue, its ServeDone is handled here and
+        now, exactly as the run loop would handle it next (the order is the same, and handling never awaits);
+        otherwise, or once the router is retired or closing, it is posted behind the others."""
+        if self._loop.quiet and self._loop.running and not self._closing() and \
+                self._succession.outgoing is None:
+            # The run loop's ServeDone, minus what cannot apply: not retired, so no successor to tell.
+            self._loop.handled_here(lambda: self._scheduler.on_serve_done(done))
+        else:
+            self._loop.post(done)
 
     @contextlib.asynccontextmanager
     async def acquire(self, model: str, options: AcquireOptions = NO_OPTIONS) -> AsyncIterator[ProcessLike]:
@@ -75,11 +93,11 @@ class RequestApi:
         With no event ahead of it in the run loop's queue, the scheduler sees the world exactly as the run
         loop would when it took this request, so it may grant it synchronously, on the caller's task; it is
         then in flight on the scheduler's books as any other, until its ServeDone (`Grant.release`)."""
-        if options.deadline_ms or self.succession.outgoing is not None or self._closing or \
-                self._run_task is None or not self._events.empty():
+        if options.deadline_ms or self._succession.outgoing is not None or self._closing() or \
+                not self._loop.started or not self._loop.quiet:
             return None
         req = self._request(model, options, None, Waiter())  # no futures: it will not wait
-        if not self.scheduler.try_grant_now(req):  # a fresh waiter: always granted when taken
+        if not self._scheduler.try_grant_now(req):  # a fresh waiter: always granted when taken
             return None
         return self._serve(model, req, options, options.on_admitted)
 
@@ -92,25 +110,25 @@ class RequestApi:
         now = self.grant_now(model, options)
         if now is not None:
             return now
-        deadline = self.clock() + options.deadline_ms / 1000 if options.deadline_ms else None
+        deadline = self._clock() + options.deadline_ms / 1000 if options.deadline_ms else None
         granted: tuple[str, HandlerRequest] | None = None
-        if self.succession.outgoing is None:
+        if self._succession.outgoing is None:
             granted, told = await self._wait_for_grant(model, options, deadline)
             if told:  # a loading stream has already begun and must not begin twice
                 options = replace(options, on_admitted=None)
         if granted is None:
             # This router was retired, before the request came or while it waited: the successor decides,
             # with the same deadline (what is left of it; already late: barely any).
-            assert self.succession.outgoing is not None
-            left = None if deadline is None else max(1e-3, (deadline - self.clock()) * 1000)
-            return await self.succession.outgoing.successor.grant(model, replace(options, deadline_ms=left))
+            assert self._succession.outgoing is not None
+            left = None if deadline is None else max(1e-3, (deadline - self._clock()) * 1000)
+            return await self._succession.outgoing.successor.grant(model, replace(options, deadline_ms=left))
         granted_model, req = granted
         return self._serve(granted_model, req, options)
 
     def _request(self, model: str, options: AcquireOptions, deadline: float | None,
                  waiter: Waiter) -> HandlerRequest:
         return HandlerRequest(
-            model=model, seq=next(self._seq), arrived=self.clock(), priority=options.priority,
+            model=model, seq=next(self._seq), arrived=self._clock(), priority=options.priority,
             api_key=options.api_key, handle=waiter, deadline=deadline, backlog=read_backlog(options.backlog),
         )
 
@@ -120,10 +138,10 @@ class RequestApi:
         cancels). Ended again at once, should a callback fail or a preemption have come first."""
         waiter: Waiter = req.handle
         waiter.task = asyncio.current_task()
-        granted = Grant(model, self.processes[model], req, self._end, options.backlog)
+        granted = Grant(model, self._processes[model], req, self.end, options.backlog)
         try:
             if on_admitted is not None:
-                on_admitted(self.model_state(model) or ProcessState.STOPPED)
+                on_admitted(self._model_state(model) or ProcessState.STOPPED)
             if options.on_granted is not None:
                 options.on_granted(waiter.load)
             if waiter.preempted is not None:  # preempted between its grant and now
@@ -137,7 +155,7 @@ class RequestApi:
         self, model: str, options: AcquireOptions, deadline: float | None,
     ) -> tuple[tuple[str, HandlerRequest] | None, bool]:
         """The granted model and request (None: rerouted to a successor), and whether `on_admitted` ran."""
-        if self._closing or self._run_task is None:
+        if self._closing() or not self._loop.started:
             raise ShuttingDown(f"{self.name} is shutting down")
         loop = asyncio.get_running_loop()
         admitted, granted = loop.create_future(), loop.create_future()
@@ -145,13 +163,13 @@ class RequestApi:
         req = self._request(model, options, deadline, waiter)
         on_admitted = options.on_admitted
         self._unhandled[model] = self._unhandled.get(model, 0) + 1
-        self._events.put_nowait(NewRequest(req))
+        self._loop.put(NewRequest(req))
         told = False
         try:
             await admitted
             if on_admitted is not None:
                 told = True
-                on_admitted(self.model_state(model) or ProcessState.STOPPED)
+                on_admitted(self._model_state(model) or ProcessState.STOPPED)
             return (await granted, req), told
         except Rerouted:
             return None, told
@@ -159,22 +177,22 @@ class RequestApi:
             waiter.gone = True
             if _succeeded(granted):
                 # Granted in the same instant the client left: the grant counted, so it must be released.
-                self._post(ServeDone(granted.result(), req))
+                self._loop.post(ServeDone(granted.result(), req))
             else:
-                self._post(CancelRequest(req))
+                self._loop.post(CancelRequest(req))
             raise
 
     def load_of(self, model: str) -> ModelLoad | None:
         """What a request for `model` arriving now would meet; None when this router lacks the model."""
-        if self.succession.outgoing is not None:
-            return self.succession.outgoing.successor.load_of(model)
-        state = self.model_state(model)
+        if self._succession.outgoing is not None:
+            return self._succession.outgoing.successor.load_of(model)
+        state = self._model_state(model)
         if state is None:
             return None
-        counts = self.scheduler.snapshot()
+        counts = self._scheduler.snapshot()
         ahead = self._unhandled.get(model, 0)
         return ModelLoad(state, counts.in_flight.get(model, 0), counts.waiting.get(model, 0) + ahead,
-                         model in counts.loading, self.scheduler.accepts(model, ahead))
+                         model in counts.loading, self._scheduler.accepts(model, ahead))
 
 
 def _succeeded(fut: asyncio.Future[Any]) -> bool:

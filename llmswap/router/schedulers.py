@@ -1,4 +1,4 @@
-"""Choosing the scheduling strategy: `routing.scheduler.use` → a `SchedulerFactory` for BaseRouter.
+"""Choosing the scheduling strategy: `routing.scheduler.use` → a `SchedulerFactory` for the router.
 
 Both schedulers get each model's `concurrencyLimit`, the API keys' `maxConcurrent` and
 `routing.scheduler.admission`. FIFO orders by `settings.fifo.priority`; batch by
@@ -12,33 +12,25 @@ import logging
 from llmswap.config.model import Config
 from llmswap.scheduler.batch import BatchScheduler
 from llmswap.scheduler.fifo import FifoScheduler
-from llmswap.scheduler.prioritizers import Prioritizer
+from llmswap.scheduler.settings import QueueSettings
 from llmswap.scheduler.types import Clock, Effects, Scheduler, SchedulerFactory, Swapper
 
 SCHEDULERS = ("fifo", "batch")
 
 
 def scheduler_factory(config: Config, name: str, swapper: Swapper, clock: Clock) -> SchedulerFactory:
-    """The one place where a swapper and a scheduler meet BaseRouter's Effects (seed 001's Factory)."""
-    limits = {mid: m.concurrency_limit for mid, m in config.models.items()}
-    key_limits = {k.key: k.max_concurrent for k in config.api_keys if k.max_concurrent > 0}
-    settings = config.routing.scheduler
-    if settings.use not in SCHEDULERS:
-        raise ValueError(f"routing.scheduler.use: unknown scheduler {settings.use!r}; use one of "
+    """The one place where a swapper and a scheduler meet the router's Effects (seed 001's Factory)."""
+    use = config.routing.scheduler.use
+    if use not in SCHEDULERS:
+        raise ValueError(f"routing.scheduler.use: unknown scheduler {use!r}; use one of "
                          f"{', '.join(SCHEDULERS)}")
+    settings = QueueSettings.of(config)
     logger = logging.getLogger(f"llmswap.scheduler.{name}")
 
-    prioritizer = Prioritizer(settings.prioritizer)
-
     def make(effects: Effects) -> Scheduler:
-        if settings.use == "batch":
-            return BatchScheduler(name, swapper, effects, limits=limits, settings=settings.batch, clock=clock,
-                                  logger=logger, admission=settings.admission, key_limits=key_limits,
-                                  prioritizer=prioritizer, on_deadline=settings.on_deadline,
-                                  preempt_below=settings.preempt_below)
-        return FifoScheduler(name, swapper, effects, limits=limits, priority=settings.priority, clock=clock,
-                             logger=logger, admission=settings.admission, key_limits=key_limits,
-                             prioritizer=prioritizer, on_deadline=settings.on_deadline,
-                             preempt_below=settings.preempt_below)
+        if use == "batch":
+            return BatchScheduler(name, swapper, effects, clock=clock, settings=settings,
+                                  batch=config.routing.scheduler.batch, logger=logger)
+        return FifoScheduler(name, swapper, effects, clock=clock, settings=settings, logger=logger)
 
     return make

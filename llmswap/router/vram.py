@@ -1,6 +1,6 @@
-"""The vram router: evictions decided by measured memory footprints against a budget.
+"""The vram router's policy: evictions decided by measured memory footprints against a budget.
 
-On top of BaseRouter it (1) waits, after evicting, until the freed memory is visible before starting
+Beside its swapper it (1) waits, after evicting, until the freed memory is visible before starting
 the target (drivers release memory asynchronously; Ollama does the same), (2) recovers from an
 out-of-memory start by evicting every idle non-persistent model and retrying once, and (3) learns
 each model's footprint and load time from readings, persisted across restarts.
@@ -17,8 +17,7 @@ import asyncio
 import contextlib
 import logging
 import re
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,11 +33,10 @@ from llmswap.machine import (
 from llmswap.process.errors import StartFailed
 from llmswap.process.events import LifeTimes, ProcessEvent
 from llmswap.process.state import ProcessState
-from llmswap.router.base import BaseRouter
-from llmswap.router.schedulers import scheduler_factory
-from llmswap.router.types import ProcessFactory, ProcessLike
+from llmswap.router.policy import RouterPolicy
+from llmswap.router.types import ProcessLike
 from llmswap.scheduler.swappers.vram import VramSwapper, device_budgets
-from llmswap.scheduler.types import HandlerRequest, SwapPlan
+from llmswap.scheduler.types import SwapPlan
 
 # Process states in which an upstream's memory is not expected to move by much.
 _SETTLED = frozenset({ProcessState.READY, ProcessState.STOPPED, ProcessState.SHUTDOWN, ProcessState.SLEEPING})
@@ -65,13 +63,11 @@ def looks_like_oom(text: str) -> bool:
     return _OOM.search(text) is not None
 
 
-class VramRouter(BaseRouter):
+class VramPolicy(RouterPolicy):
     def __init__(
         self,
         config: Config,
         *,
-        process_factory: ProcessFactory | None = None,
-        clock: Callable[[], float] = time.monotonic,
         reader: MemoryReader | None = None,
         sample_interval: float = 2.0,
         memory_wait: float = 5.0,
@@ -83,9 +79,8 @@ class VramRouter(BaseRouter):
             self.book, budgets, config.models, evict_costs=config.routing.router.vram.evict_costs,
             device_labels=device_labels(self.reader), logger=log,
         )
-        super().__init__("vram", config, scheduler_factory(config, "vram", swapper, clock),
-                         process_factory=process_factory, clock=clock)
-        self.swapper = self.vram_swapper = swapper
+        super().__init__("vram", swapper)
+        self.vram_swapper = swapper
         self.residues: dict[str, dict[int, int]] = {}  # sleeping model -> bytes it still holds, per device
         swapper.asleep = self.residues
         self.sample_interval = sample_interval
@@ -101,43 +96,41 @@ class VramRouter(BaseRouter):
         self._moved_at: dict[str, int] = {}
         self._delta_explained: set[str] = set()  # models whose device-delta learning was logged once
 
+    @property
+    def memory_reader(self) -> MemoryReader:
+        return self.reader
+
+    @property
+    def processes(self) -> Mapping[str, ProcessLike]:
+        return self.parts.processes
+
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> None:
-        super().start()
+    def begin(self) -> None:
         if self._sampler is None and self.sample_interval > 0:
             loop = asyncio.get_running_loop()
             self._sampler = loop.create_task(self._sample_forever(), name="vram-sampler")
 
-    async def shutdown(self, timeout: float | None = None) -> None:
+    async def end(self) -> None:
         if self._sampler is not None:
             self._sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sampler
-        try:
-            await super().shutdown(timeout)
-        finally:
-            self.book.save()
-            self.reader.close()
+        self.book.save()
+        self.reader.close()
 
-    # ------------------------------------------------------------------ Effects, adjusted
+    # ------------------------------------------------------------------ what the scheduler sees
 
-    def model_state(self, model: str) -> ProcessState | None:
-        if model in self._evicting and model in self.processes:
-            return ProcessState.STOPPING
-        return super().model_state(model)
+    def state_of(self, model: str, state: ProcessState) -> ProcessState:
+        return ProcessState.STOPPING if model in self._evicting else state
 
-    def running_models(self) -> Mapping[str, ProcessState]:
-        running = dict(super().running_models())
+    def adjust_running(self, running: dict[str, ProcessState]) -> dict[str, ProcessState]:
         for model in self._evicting & running.keys():
             running[model] = ProcessState.STOPPING
         return running
 
-    def grant_serve(self, req: HandlerRequest, model: str) -> bool:
-        granted = super().grant_serve(req, model)
-        if granted:
-            self.book.mark_used(model, self.clock())
-        return granted
+    def granted(self, model: str) -> None:
+        self.book.mark_used(model, self.parts.clock())
 
     # ------------------------------------------------------------------ swap hooks
 
@@ -151,7 +144,7 @@ class VramRouter(BaseRouter):
         elif waited > 0:
             log.info("vram: %s: waited %.2fs for evicted memory to come back", plan.model, waited)
 
-    async def start_target(self, process: ProcessLike) -> LifeTimes | None:
+    async def bring_up(self, process: ProcessLike) -> LifeTimes | None:
         mark = self._memory_mark(process.id)
         try:
             times = await process.ensure_ready()
@@ -173,13 +166,10 @@ class VramRouter(BaseRouter):
         return looks_like_oom(str(exc)) or looks_like_oom(recent)
 
     def _idle_victims(self, target: str) -> list[str]:
-        in_flight = self.scheduler.snapshot().in_flight
         return sorted(
             m for m, p in self.processes.items()
-            if m != target and p.state is ProcessState.READY and not in_flight.get(m)
-            and not self.vram_swapper.is_persistent(m) and m not in self._swaps
-            # After a config reload, the previous router may still be streaming from an adopted model.
-            and not (self.handover_in is not None and self.handover_in.serving(m))
+            if m != target and p.state is ProcessState.READY and not self.parts.busy(m)
+            and not self.vram_swapper.is_persistent(m)
         )
 
     async def _recover_from_oom(self, process: ProcessLike, victims: list[str], exc: StartFailed) -> None:
@@ -192,8 +182,9 @@ class VramRouter(BaseRouter):
                                    for m in victims))
         finally:
             self._evicting.difference_update(victims)
+        evictions = self.parts.stats.evictions
         for victim in victims:
-            self.stats.evictions[victim] = self.stats.evictions.get(victim, 0) + 1
+            evictions[victim] = evictions.get(victim, 0) + 1
         need = self.book.footprint_of(process.id).per_device
         await wait_for_free(self.reader, need, timeout=self.memory_wait)
 
@@ -219,14 +210,13 @@ class VramRouter(BaseRouter):
             self.book.save()
         return bool(usage)
 
-    def on_process_event(self, event: ProcessEvent) -> None:
+    def process_event(self, event: ProcessEvent) -> None:
         self._generation += 1
         self._moved_at[event.model] = self._generation
         if event.kind == "slept":
             self._hold_residue(event.model)
         elif event.kind in ("woke", "stopped", "exited", "start_failed"):
             self.residues.pop(event.model, None)
-        super().on_process_event(event)
 
     def _hold_residue(self, model: str) -> None:
         """A sleeping model holds no footprint, but what its process still holds (a CUDA context, say) is

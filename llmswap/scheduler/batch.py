@@ -53,10 +53,10 @@ Timers (deadlines, ends of minimum residency, ends of idle grace, queue timeouts
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 
-from llmswap.config.model import EMPTY, AdmissionConfig, BatchSettings
+from llmswap.config.model import BatchSettings
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.arrivals import RETURN_WINDOW, ArrivalRates
 from llmswap.scheduler.batch_plan import (
@@ -68,9 +68,10 @@ from llmswap.scheduler.batch_plan import (
     latest_starts,
 )
 from llmswap.scheduler.core import QueueScheduler
+from llmswap.scheduler.decision import Decision, Place
 from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.idle import ClientGaps
-from llmswap.scheduler.prioritizers import Prioritizer
+from llmswap.scheduler.settings import DEFAULT_SETTINGS, QueueSettings
 from llmswap.scheduler.types import Clock, Effects, HandlerRequest, Swapper
 from llmswap.scheduler.urgency import reorder
 
@@ -94,25 +95,15 @@ class BatchScheduler(QueueScheduler):
         swapper: Swapper,
         effects: Effects,
         *,
-        limits: Mapping[str, int] = EMPTY,
-        settings: BatchSettings | None = None,
         clock: Clock,
+        settings: QueueSettings = DEFAULT_SETTINGS,
+        batch: BatchSettings | None = None,
         logger: logging.Logger | None = None,
-        admission: AdmissionConfig | None = None,
-        key_limits: Mapping[str, int] = EMPTY,
         times: ServiceTimes | None = None,
         rates: ArrivalRates | None = None,
-        prioritizer: Prioritizer | None = None,
-        on_deadline: str = "ignore",
-        preempt_below: int | None = None,
     ) -> None:
-        self.settings = settings or BatchSettings()
-        super().__init__(
-            name, swapper, effects, limits=limits, priority=self.settings.priority, clock=clock,
-            logger=logger,
-            admission=admission, key_limits=key_limits, times=times, prioritizer=prioritizer,
-            on_deadline=on_deadline, preempt_below=preempt_below,
-        )
+        self.batch = batch or BatchSettings()
+        super().__init__(name, swapper, effects, clock=clock, settings=settings, logger=logger, times=times)
         self.gaps = ClientGaps()
         self.rates = rates or ArrivalRates()
         self._loaded_at: dict[str, float] = {}  # when each model's last successful swap finished
@@ -157,12 +148,12 @@ class BatchScheduler(QueueScheduler):
         # Capped at its load: a residency longer than the waiting models' latest start would push them
         # past maxWait + load (the planner may have counted on a shorter one before holding paid).
         # Unless minResidency is the longer of the two: then it takes precedence, against ping-pong.
-        if self.settings.min_residency > self.settings.max_wait:
+        if self.batch.min_residency > self.batch.max_wait:
             self._residency.pop(model, None)
             return
         now = self._clock()
         others = [replace(c, budget=None) for c in self._contenders().values() if c.model != model]
-        latest = first_latest_start(others, self.settings.max_wait) - self.books.times.service_upper(model)
+        latest = first_latest_start(others, self.batch.max_wait) - self.books.times.service_upper(model)
         self._residency[model] = max(0.0, latest - now)
 
     def _finished(self, model: str) -> None:
@@ -181,15 +172,9 @@ class BatchScheduler(QueueScheduler):
 
     def _place(self, req: HandlerRequest) -> bool:
         """Serve, join, start a swap for, or fail `req`. False: it waits, and its model contends."""
-        decision = self.books.decide(req.model, req)
-        placed = self.books.apply(req, decision)
-        if placed is not None:
-            return placed
-        if decision.evict:
-            return False  # it contends: `_plan` decides whether its model goes next
-        detail = f"request #{req.seq} of {req.model}: nothing has to stop for it"
-        self.books.start_swap(req, (), decision.running, RULE_FREE, detail)
-        return True
+        decision = self.books.decide(req.model, req, _contends)
+        return self.books.apply(req, decision, RULE_FREE,
+                                lambda: f"request #{req.seq} of {req.model}: nothing has to stop for it")
 
     # ----------------------------------------------------------------------------- planning
 
@@ -205,7 +190,7 @@ class BatchScheduler(QueueScheduler):
         making_room: frozenset[str] = frozenset()
         started = False
         if contenders:
-            max_wait = self.settings.max_wait
+            max_wait = self.batch.max_wait
             ordered = by_deadline(list(contenders.values()), max_wait, now)
             head = ordered[0]
             evictions = self.books.evictions(head.model)
@@ -223,9 +208,10 @@ class BatchScheduler(QueueScheduler):
                     making_room = frozenset(v for v in head_evict if not self._protected(v, now))
                 else:
                     wakes.append(press_at)
-                if evictions is not None and self._startable(head.model, head_evict, now, pressed=True):
+                decision = self._decide(head.model, now, pressed=True)
+                if decision.place is Place.SWAP:
                     rule = RULE_MAX_WAIT if pressed else RULE_NO_GAIN
-                    self._commit(head, head_evict, rule, contenders, now)
+                    self._commit(head, decision, rule, contenders, now)
                     started = True
                 else:
                     for v in head_evict:
@@ -243,44 +229,39 @@ class BatchScheduler(QueueScheduler):
 
     def _choose_freely(self, contenders: list[Contender], now: float, wakes: list[float]) -> bool:
         """No deadline presses: load the best contender whose way is clear of models still in use."""
-        max_wait = self.settings.max_wait
+        max_wait = self.batch.max_wait
         for c in by_choice(contenders, now, max_wait):
             if not can_go_first(c, contenders, now, max_wait):
                 continue
-            evict = self.books.evictions(c.model)
-            if evict is None:
-                continue
-            if self._startable(c.model, evict, now, pressed=False):
+            decision = self._decide(c.model, now, pressed=False)
+            if decision.place is Place.SWAP:
                 rule = RULE_DEEPEST if len(contenders) > 1 else RULE_IDLE
-                self._commit(c, evict, rule, {o.model: o for o in contenders}, now)
+                self._commit(c, decision, rule, {o.model: o for o in contenders}, now)
                 return True
-            for v in evict:
+            for v in decision.evict:
                 wakes.extend(self._quiet_wakes(v))
         return False
 
-    def _startable(self, model: str, evict: Sequence[str], now: float, *, pressed: bool) -> bool:
-        """Whether a swap to `model` evicting `evict` may start now.
+    def _decide(self, model: str, now: float, *, pressed: bool) -> Decision:
+        """What a swap to `model` would be now, under batch's rule for its victims: a SWAP starts now.
 
         Never while it collides with a swap in progress or stops a model that is being unloaded or
-        still serving. Under deadline pressure a victim must only be past its minimum residency
-        (or idle); otherwise every victim must be idle.
+        still serving (the books' conditions). Under deadline pressure a victim must only be past its
+        minimum residency (or idle); otherwise every victim must be idle.
         """
-        if self.books.loading(model) or self.books.unloading(model):
-            return False
-        if not evict and self._effects.model_state(model) is ProcessState.READY:
-            return False  # loaded already: it only waits for its own turn to serve again
-        if self.books.collides(model, evict):
-            return False
-        for v in evict:
-            if self.books.unloading(v) or self.books.in_flight_of(v) > 0:
-                return False
-            if pressed and self._protected(v, now):
-                return False
-            if not pressed and not self._idle(v, now):
-                return False
-        return True
 
-    def _commit(self, c: Contender, evict: Sequence[str], rule: str, contenders: Mapping[str, Contender],
+        def stops(victim: str) -> str | None:
+            if self.books.in_flight_of(victim) > 0:
+                return f"{victim} still serves"
+            if pressed and self._protected(victim, now):
+                return f"{victim} is within its minimum residency"
+            if not pressed and not self._idle(victim, now):
+                return f"{victim} is not idle yet"
+            return None
+
+        return self.books.decide(model, None, stops)
+
+    def _commit(self, c: Contender, decision: Decision, rule: str, contenders: Mapping[str, Contender],
                 now: float) -> None:
         req = min((r for r in self.books.queue if r.model == c.model), key=self.books.queue_key)
         self.books.dequeue(req)
@@ -288,12 +269,12 @@ class BatchScheduler(QueueScheduler):
             f"{o.model}={o.depth} (oldest {now - o.oldest:.1f}s)"
             for o in sorted(contenders.values(), key=lambda o: o.model)
         )
-        victims = ", ".join(f"{v} ({self._describe(v, now)})" for v in evict) or "nothing"
+        victims = ", ".join(f"{v} ({self._describe(v, now)})" for v in decision.evict) or "nothing"
         detail = (f"request #{req.seq} of {c.model} waited {now - req.arrived:.1f}s; queues: {queues}; "
                   f"evict {victims}")
-        for victim in evict:
+        for victim in decision.evict:
             self.rates.left(victim, now, window=RETURN_WINDOW * self.books.times.load(victim))
-        self.books.start_swap(req, tuple(evict), self.books.running_set(exclude=c.model), rule, detail)
+        self.books.apply(req, decision, rule, lambda: detail)
         # Its other queued requests join the swap in the next serve round.
 
     def _contenders(self) -> dict[str, Contender]:
@@ -332,7 +313,7 @@ class BatchScheduler(QueueScheduler):
             return 0.0  # issue 16: what is in its way was preempted for it
         now = self._clock()
         closed = max((self._hold_factor(v, now) for v in victims), default=1.0)
-        return self.settings.max_wait * closed
+        return self.batch.max_wait * closed
 
     def _slot(self, model: str) -> float:
         """How long `model` is expected to hold the machine once it goes: load, residency, a last request.
@@ -342,7 +323,7 @@ class BatchScheduler(QueueScheduler):
         """
         service = self.books.times.service_upper(model)
         returning = self.gaps.returning(model)
-        residency = self.settings.min_residency * self._hold_factor(model, self._clock())
+        residency = self.batch.min_residency * self._hold_factor(model, self._clock())
         if_returning = max(residency, service)
         if_not = service + self.gaps.grace(model)
         expected = returning * if_returning + (1 - returning) * min(if_returning, if_not)
@@ -379,7 +360,7 @@ class BatchScheduler(QueueScheduler):
 
     def _residency_of(self, model: str, now: float) -> float:
         """minResidency, scaled by whether holding `model` pays, within the cap set at its load."""
-        held = self.settings.min_residency * self._hold_factor(model, now)
+        held = self.batch.min_residency * self._hold_factor(model, now)
         return min(held, self._residency.get(model, held))
 
     def _quiet_wakes(self, model: str) -> list[float]:
@@ -395,3 +376,8 @@ class BatchScheduler(QueueScheduler):
         last = self.gaps.last_finish(model)
         quiet = f"last request {now - last:.1f}s ago" if last is not None else "never served"
         return f"{resident}, {quiet}"
+
+
+def _contends(victim: str) -> str:
+    """Batch's rule in a serve round: a swap that stops anything contends; `_plan` decides when it goes."""
+    return f"it would evict {victim}: it contends, and the plan decides whether its model goes next"

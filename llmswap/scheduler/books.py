@@ -23,17 +23,17 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
-from llmswap.config.model import DEFAULT_CONCURRENCY_LIMIT, EMPTY, AdmissionConfig
+from llmswap.config.model import DEFAULT_CONCURRENCY_LIMIT
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.admission import Admission, SchedulerStats
 from llmswap.scheduler.deadlines import Deadlines
-from llmswap.scheduler.decision import ActiveSwap, Decision, Place
+from llmswap.scheduler.decision import ActiveSwap, Decision, Place, StopRule
 from llmswap.scheduler.errors import ModelNotFound, SchedulerError
 from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.preemption import Preempting
-from llmswap.scheduler.prioritizers import Prioritizer
+from llmswap.scheduler.settings import QueueSettings
 from llmswap.scheduler.types import Clock, Effects, HandlerRequest, Swapper, SwapPlan
 
 # Seconds a model stays announced after a request of it finished saying more come (a task lane claims its next
@@ -49,33 +49,27 @@ class Books:
         name: str,
         swapper: Swapper,
         effects: Effects,
+        settings: QueueSettings,
         *,
         clock: Clock,
         log: logging.Logger,
         holds: Callable[[str], bool],
-        limits: Mapping[str, int] = EMPTY,
-        priority: Mapping[str, int] = EMPTY,
-        admission: AdmissionConfig | None = None,
-        key_limits: Mapping[str, int] = EMPTY,
         times: ServiceTimes | None = None,
-        prioritizer: Prioritizer | None = None,
-        on_deadline: str = "ignore",
-        preempt_below: int | None = None,
     ) -> None:
         self.name = name
         self.swapper = swapper
         self.effects = effects
         self.clock = clock
         self.log = log
-        self.limits = limits
-        self.priority = priority
-        self.admission = Admission(admission, key_limits)
+        self.limits = settings.limits
+        self.priority = settings.priority
+        self.admission = Admission(settings.admission, settings.key_limits)
         self.times = times or ServiceTimes()
         self.stats = SchedulerStats()
         # The order within a priority class, deadlines and preemption (llmswap.scheduler.urgency).
-        self.prioritizer = prioritizer or Prioritizer()
-        self.deadlines = Deadlines(on_deadline)
-        self.preemption = Preempting(preempt_below)
+        self.prioritizer = settings.prioritizer
+        self.deadlines = Deadlines(settings.on_deadline)
+        self.preemption = Preempting(settings.preempt_below)
         # Whether a ready model must not take new requests right now (the batch policy's "making room").
         self.holds = holds
 
@@ -181,10 +175,15 @@ class Books:
         """Whether a request for `model` arriving now would wait (queued or joined to a swap)."""
         return self.decide(model).place in (Place.JOIN, Place.SWAP, Place.WAIT)
 
-    def decide(self, model: str, req: HandlerRequest | None = None) -> Decision:
+    def decide(self, model: str, req: HandlerRequest | None = None,
+               stops: StopRule | None = None) -> Decision:
         """Where a request for `model` (`req`, when there is one) goes now. Read-only: the one list of
-        conditions that placement (`apply` and each policy's `_place`), the fast path (`try_grant_now`) and
-        admission (`would_wait`) share."""
+        conditions that placement (`apply`), the fast path (`try_grant_now`) and admission (`would_wait`)
+        share.
+
+        With `stops`, the policy's rule for a swap's victims, a SWAP is one that starts now: a victim being
+        unloaded, or one the rule keeps (its reason), makes it a WAIT. Without it, SWAP says only that its
+        model needs a swap (admission, the drain's bookkeeping)."""
         state = self.effects.model_state(model)
         if state is None:
             return Decision(Place.FAIL, error=ModelNotFound(model))
@@ -208,11 +207,17 @@ class Books:
             if self.holds(model):
                 return Decision(Place.WAIT, why="its model is making room")
             return Decision(Place.SERVE)
+        if stops is not None:
+            for victim in evict:
+                why = "it would evict a model being unloaded" if self.unloading(victim) else stops(victim)
+                if why:
+                    return Decision(Place.WAIT, evict=evict, running=running, why=why)
         return Decision(Place.SWAP, evict=evict, running=running)
 
-    def apply(self, req: HandlerRequest, decision: Decision) -> bool | None:
-        """Carry out what every policy does alike: FAIL, JOIN and SERVE (True: `req` is placed) and WAIT
-        (False: it stays queued); None for SWAP, whose when is the policy's."""
+    def apply(self, req: HandlerRequest, decision: Decision, rule: str = "",
+              detail: Callable[[], str] | None = None) -> bool:
+        """Carry out `decision` for `req`: True when it is placed (failed, joined a swap, served, or its swap
+        started, under `rule`, logged with `detail`); False when it waits (it stays queued)."""
         if decision.place is Place.FAIL:
             assert decision.error is not None
             self.fail(req, decision.error)
@@ -227,7 +232,8 @@ class Books:
         if decision.place is Place.WAIT:
             self.log.debug("%s: %s waits: %s", self.name, req.model, decision.why)
             return False
-        return None
+        self.start_swap(req, decision.evict, decision.running, rule, detail() if detail is not None else "")
+        return True
 
     def start_swap(self, req: HandlerRequest, evict: tuple[str, ...], running: Sequence[str], rule: str,
                    detail: str) -> None:

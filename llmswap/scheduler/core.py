@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 
-from llmswap.config.model import EMPTY, AdmissionConfig
 from llmswap.scheduler.admission import REASON_SHED, REASON_TIMEOUT, SchedulerStats
 from llmswap.scheduler.books import Books
 from llmswap.scheduler.decision import ActiveSwap
 from llmswap.scheduler.errors import ModelNotFound, ModelUnloaded, QueueTimeout, SchedulerError, Shed
 from llmswap.scheduler.estimates import ServiceTimes, retry_after
 from llmswap.scheduler.intake import Refused, admit, grants_at_once
-from llmswap.scheduler.prioritizers import Prioritizer, next_late
+from llmswap.scheduler.prioritizers import next_late
+from llmswap.scheduler.settings import DEFAULT_SETTINGS, QueueSettings
 from llmswap.scheduler.types import (
     Clock,
     Effects,
@@ -54,26 +53,17 @@ class QueueScheduler(ABC):
         swapper: Swapper,
         effects: Effects,
         *,
-        limits: Mapping[str, int] = EMPTY,
-        priority: Mapping[str, int] = EMPTY,
         clock: Clock,
+        settings: QueueSettings = DEFAULT_SETTINGS,
         logger: logging.Logger | None = None,
-        admission: AdmissionConfig | None = None,
-        key_limits: Mapping[str, int] = EMPTY,
         times: ServiceTimes | None = None,
-        prioritizer: Prioritizer | None = None,
-        on_deadline: str = "ignore",
-        preempt_below: int | None = None,
     ) -> None:
         self.name = name
         self._effects = effects
         self._clock = clock
         self._log = logger or logging.getLogger(f"llmswap.scheduler.{self.kind}.{name}")
-        self.books = Books(
-            name, swapper, effects, clock=clock, log=self._log, limits=limits, priority=priority,
-            admission=admission, key_limits=key_limits, times=times, prioritizer=prioritizer,
-            on_deadline=on_deadline, preempt_below=preempt_below, holds=self._holds,
-        )
+        self.books = Books(name, swapper, effects, settings, clock=clock, log=self._log, times=times,
+                           holds=self._holds)
 
     @property
     def times(self) -> ServiceTimes:
@@ -150,7 +140,7 @@ class QueueScheduler(ABC):
     def try_grant_now(self, req: HandlerRequest) -> bool:
         """Grant `req` here and now when `on_request` would grant it at once and change nothing else.
 
-        The router's fast path (`RequestApi.grant_now`), asked only while no event waits in its queue: True
+        The router's fast path (`RequestDesk.grant_now`), asked only while no event waits in its queue: True
         when `req` was taken here exactly as `on_request` would have taken it (same counts, same `Effects`
         calls: admitted and granted, or released if its client had gone); False when the scheduler changed
         nothing and `req` must go through `on_request` (`intake.grants_at_once` decides)."""

@@ -1,13 +1,15 @@
 """What the scheduler makes of a request, as data: where it goes (`Decision`), and the swaps it may join.
 
-`Books.decide` returns a `Decision`; `Books.apply` and the placement policies carry it out. Kept apart from
-the books so that the decision reads as the small value it is.
+`Books.decide` returns a `Decision` and `Books.apply` carries it out, whatever it is. A policy expresses
+when a swap may start as a `StopRule` (why a victim may not be stopped now) that `decide` applies: a SWAP
+decided under the policy's rule starts now. Kept apart from the books so that the decision reads as the
+small value it is.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -20,17 +22,21 @@ class Place(enum.Enum):
 
     SERVE = "serve"  # its model is ready, free to take it, nothing to evict
     JOIN = "join"  # a swap to its model is loading: it waits for that one
-    SWAP = "swap"  # its model must be started (evicting `Decision.evict`); the policy says when
+    SWAP = "swap"  # its model is to be started (evicting `Decision.evict`): now, under the policy's StopRule
     WAIT = "wait"  # something in its way must end first (`Decision.why`)
     FAIL = "fail"  # it can never be served here (`Decision.error`)
 
 
+# A policy's rule for a swap's victims: why `model` may not be stopped now (the swap waits), or None.
+StopRule = Callable[[str], str | None]
+
+
 @dataclass(frozen=True)
 class Decision:
-    """What `decide` makes of a request: pure data, carried out by `apply` (a SWAP's when is the policy's)."""
+    """What `decide` makes of a request: pure data, carried out by `apply`."""
 
     place: Place
-    evict: tuple[str, ...] = ()  # SWAP: what starting its model stops
+    evict: tuple[str, ...] = ()  # SWAP (and a WAIT for its victims): what starting its model stops
     running: tuple[str, ...] = ()  # SWAP: the running set the swapper saw
     swap: ActiveSwap | None = None  # JOIN: the swap it joins
     error: SchedulerError | None = None  # FAIL

@@ -60,20 +60,19 @@ class FifoScheduler(QueueScheduler):
     def _place(self, req: HandlerRequest, rule: str) -> bool:
         """Serve, join, start a swap for, or fail `req`. False: it must wait in the queue."""
         books = self.books
-        decision = books.decide(req.model, req)
-        placed = books.apply(req, decision)
-        if placed is not None:
-            return placed
-        evict, running = decision.evict, decision.running
-        if any(books.unloading(m) for m in evict):
-            self._log.debug("%s: %s waits: it would evict a model being unloaded", self.name, req.model)
-            return False
-        if any(books.in_flight_of(m) > 0 or books.announced(m) for m in evict):
-            self._log.debug("%s: %s waits: it would evict a model still serving (or whose client announced "
-                            "its next request)", self.name, req.model)
-            return False
-        waited = self._clock() - req.arrived
-        detail = (f"request #{req.seq} waited {waited:.1f}s; running [{', '.join(running)}]; "
-                  f"{len(books.queue)} queued")
-        books.start_swap(req, evict, running, rule, detail)
-        return True
+        decision = books.decide(req.model, req, self._stops)
+
+        def detail() -> str:
+            waited = self._clock() - req.arrived
+            return (f"request #{req.seq} waited {waited:.1f}s; running [{', '.join(decision.running)}]; "
+                    f"{len(books.queue)} queued")
+
+        return books.apply(req, decision, rule, detail)
+
+    def _stops(self, victim: str) -> str | None:
+        """FIFO's rule: a swap starts once none of its victims serves or expects its client's next request."""
+        if self.books.in_flight_of(victim) > 0:
+            return f"it would evict {victim}, still serving"
+        if self.books.announced(victim):
+            return f"it would evict {victim}, whose client announced its next request"
+        return None

@@ -110,7 +110,7 @@ class ModelLoad:
 
 
 class Effects(Protocol):
-    """The scheduler's whole window onto the world, implemented by `BaseRouter`."""
+    """The scheduler's whole window onto the world, implemented by `Router`."""
 
     def model_state(self, model: str) -> ProcessState | None:
         """The process state, or None when this router does not handle `model`."""

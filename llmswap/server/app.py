@@ -1,5 +1,6 @@
 """The composition root: `create_app` builds the server's parts (`llmswap.server.services`), then the
-aiohttp application with its one middleware and each route group, handed the parts it uses."""
+aiohttp application with its one middleware and each route group, handed the parts it uses, and subscribes
+the parts that follow the router (and its config) to every router a reload installs (`_follow_routers`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import socket
 from aiohttp import web
 
 from llmswap.activity.record import ActivityRecord
-from llmswap.router.base import BaseRouter
+from llmswap.router.router import Router
 from llmswap.server.admin import batches as batch_http
 from llmswap.server.admin import kvcache as kvcache_http
 from llmswap.server.admin import models as admin
@@ -56,12 +57,13 @@ def create_app(server_state: ServerState, services: Services | None = None) -> w
     activity_api.setup(app)
     activity_api.publish_to(parts.recorder, parts.events)
     parts.recorder.listeners.append(lambda record: teach_prompt_rate(server_state, record))
+    _follow_routers(server_state, parts)
     activity_metrics.setup(parts.metrics.registry, parts.recorder)
     cancel.setup(app)
     peer_watch.setup(app)
     performance_api.setup(app)
     ui.setup(app)
-    app.on_startup.append(_start_tasks)
+    app.on_startup.append(_follow_on_the_loop)
     # At shutdown, not cleanup: the task in hand finishes (or goes back to the queue) while the upstream
     # connections, which cleanup closes, are still there.
     app.on_shutdown.append(_stop_tasks)
@@ -72,17 +74,34 @@ def teach_prompt_rate(server_state: ServerState, record: ActivityRecord) -> None
     """An answer's `timings` (llama-server's prompt processing rate) teach `kvCache.save: auto` what
     processing a slot's tokens again would cost (`llmswap.kvcache.rates`)."""
     tokens = record.tokens
-    server_state.router.kv_rates.learn_prompt(record.model, tokens.input_tokens, tokens.prompt_per_second)
+    server_state.router.kv.rates.learn_prompt(record.model, tokens.input_tokens, tokens.prompt_per_second)
 
 
-async def _start_tasks(app: web.Application) -> None:
-    """Run the task queue when the config has a `tasks:` section, and follow every reload's config: the
-    service starts when a reload adds the section and is reconfigured in place after that."""
+def _follow_routers(server_state: ServerState, parts: Services) -> None:
+    """Every part that follows the router, told now and again, synchronously, by each reload that installs a
+    new one (`ServerState.watch_router`): observers belong to one router, settings to one config."""
+    server_state.watch_router(parts.metrics.watch)  # swaps, process events, queue gauges
+    server_state.watch_router(parts.events.watch)  # /api/events
+    server_state.watch_router(parts.profiles.follow)  # the startup profile of a new config
+    recorder = parts.recorder
+    server_state.watch_router(lambda router: recorder.configure(activity_api.settings_of(router.config)))
+    server_state.watch_router(parts.performance.follow)  # the models' processes to sample
+
+
+async def _follow_on_the_loop(app: web.Application) -> None:
+    """At startup, once there is a running loop: the discover peers' followers and the task queue, which
+    start tasks of their own, follow each config from then on."""
     server_state = app[STATE]
     parts = app[SERVICES]
-    loop = asyncio.get_running_loop()
+    server_state.watch_router(lambda router: parts.peers.reconcile(router.config))
+    _follow_tasks(server_state, parts, asyncio.get_running_loop())
 
-    def follow(router: BaseRouter) -> None:
+
+def _follow_tasks(server_state: ServerState, parts: Services, loop: asyncio.AbstractEventLoop) -> None:
+    """Run the task queue when the config has a `tasks:` section, and follow every reload's config: the
+    service starts when a reload adds the section and is reconfigured in place after that."""
+
+    def follow(router: Router) -> None:
         # Called inside the reload, with the new router (and its config) already in place.
         try:
             service = parts.tasks.service

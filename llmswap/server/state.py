@@ -15,13 +15,13 @@ from aiohttp import web
 
 from llmswap.config.model import ApiKey, Config
 from llmswap.process.logring import LogRing
-from llmswap.router.base import BaseRouter
+from llmswap.router.router import Router
 
 
 @dataclass
 class ServerState:
     config: Config
-    router: BaseRouter
+    router: Router
     proxy_log: LogRing = field(default_factory=lambda: LogRing("proxy"))
     started_at: float = field(default_factory=time.time)
     # Whether the listener opens loopback addresses only: then a non-loopback Host is refused
@@ -30,9 +30,9 @@ class ServerState:
     # The port --listen opens (0: not known, a test's app): the default `tasks.host` is hostname:port.
     listen_port: int = 0
     # Called with every router put in place after the first (a config reload): see `install`.
-    router_listeners: list[Callable[[BaseRouter], None]] = field(default_factory=list, repr=False)
+    router_listeners: list[Callable[[Router], None]] = field(default_factory=list, repr=False)
 
-    def install(self, router: BaseRouter, config: Config) -> None:
+    def install(self, router: Router, config: Config) -> None:
         """Put a reload's router and config in place and tell every `watch_router` listener, synchronously:
         each sees the new router before it can handle any request."""
         self.router = router
@@ -40,7 +40,7 @@ class ServerState:
         for listener in tuple(self.router_listeners):
             listener(router)
 
-    def watch_router(self, listener: Callable[[BaseRouter], None]) -> None:
+    def watch_router(self, listener: Callable[[Router], None]) -> None:
         """Call `listener(router)` now with the current router and again with each one a reload installs
         (e.g. to add a router observer: observers belong to one router, and a reload brings a new one)."""
         self.router_listeners.append(listener)

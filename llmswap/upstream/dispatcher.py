@@ -24,7 +24,7 @@ from yarl import URL
 from llmswap.activity.recorder import ActivityRecorder
 from llmswap.activity.recording import Recording, RequestFacts
 from llmswap.config.model import ModelConfig
-from llmswap.router.base import BaseRouter
+from llmswap.router.router import Router
 from llmswap.router.types import NO_OPTIONS, AcquireOptions, ProcessLike, SwapPhase
 from llmswap.upstream.filters import apply_plan, local_plan
 from llmswap.upstream.forward import Buffer, Unreachable, forward
@@ -70,7 +70,7 @@ class Dispatcher:
     def __init__(
         self,
         pool: UpstreamPool,
-        router_of: Callable[[], BaseRouter],
+        router_of: Callable[[], Router],
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -86,13 +86,13 @@ class Dispatcher:
         model: str,
         options: AcquireOptions = NO_OPTIONS,
         *,
-        router: BaseRouter | None = None,
+        router: Router | None = None,
     ) -> AsyncIterator[Lease]:
         """Wait until `model` may serve and yield its lease; the router's `SchedulerError`s go through.
         The model is released as the block ends, with the block's error (a preemption's cancel comes out as
         `Preempted`).
 
-        `options` are `BaseRouter.acquire`'s; `router` is the one the caller read together with its config
+        `options` are `Router.acquire`'s; `router` is the one the caller read together with its config
         (default: the live one)."""
         asked = self._clock()
         granted = await (router or self._router_of()).grant(model, options)

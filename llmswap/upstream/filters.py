@@ -11,7 +11,6 @@ a path creates the objects it goes through; stripping a path that is not there d
 from __future__ import annotations
 
 import copy
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,32 +32,17 @@ class FilterPlan:
 
 
 EMPTY_PLAN = FilterPlan()
-PLANS_PER_FILTERS = 256  # plans kept per `filters` (one per name it is asked by); a full cache starts over
-# Plans by the identity of their (frozen) `Filters`, dropped when it is: a reload makes new ones.
-_plans: dict[int, dict[tuple[str, str | None], FilterPlan]] = {}
 
 
 def plan_for(filters: Filters, requested: str, *, model: str | None = None) -> FilterPlan:
     """The plan llama-swap applies: rewrite `model`, strip, then setParams (sorted keys), then the
     `setParamsByID` entry of the name the client sent (sorted keys), which may override setParams.
 
-    Worked out once per (filters, requested name, model) and kept: a config is frozen, so is its plan."""
+    Worked out per request: a model without filters gets `EMPTY_PLAN` at once; one with filters takes about
+    3 us here (three keys; a cache lookup 0.1 us), against the milliseconds the proxy adds to a request,
+    too little for a cache kept across requests and reloads."""
     if not model and not filters.strip_params and not filters.set_params and not filters.set_params_by_id:
         return EMPTY_PLAN
-    cache = _plans.get(id(filters))
-    if cache is None:
-        cache = _plans[id(filters)] = {}
-        weakref.finalize(filters, _plans.pop, id(filters), None)
-    key = (requested, model)
-    plan = cache.get(key)
-    if plan is None:
-        if len(cache) >= PLANS_PER_FILTERS:
-            cache.clear()
-        plan = cache[key] = _make_plan(filters, requested, model)
-    return plan
-
-
-def _make_plan(filters: Filters, requested: str, model: str | None) -> FilterPlan:
     sets: list[tuple[str, Any]] = [(key, filters.set_params[key]) for key in sorted(filters.set_params)]
     by_id = filters.set_params_by_id.get(requested, {})
     sets += [(key, by_id[key]) for key in sorted(by_id) if key != "model"]

@@ -146,6 +146,7 @@ LAYERS = (
     "llmswap.process",
     "llmswap.kvcache",
     "llmswap.machine",
+    "llmswap.calls",
     "llmswap.config",
     "llmswap",
 )
@@ -179,3 +180,16 @@ def test_no_module_is_over_600_lines() -> None:
     long = {str(path.relative_to(ROOT.parent)): n for path in ROOT.rglob("*.py")
             if (n := len(path.read_text().splitlines())) > 600}
     assert long == {}
+
+
+def test_no_class_of_the_router_or_the_scheduler_is_built_from_two() -> None:
+    """A router or scheduler object is composed of collaborators with explicit constructor arguments, not
+    assembled from mixins whose halves declare each other's private state."""
+    mixed = []
+    for module, path in _modules().items():
+        if not module.startswith(("llmswap.router", "llmswap.scheduler")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and len(node.bases) > 1:
+                mixed.append(f"{module}.{node.name}({', '.join(ast.unparse(b) for b in node.bases)})")
+    assert mixed == []

@@ -54,13 +54,15 @@ class _Refused(Exception):
         self.response = response
 
 
-def _service(request: web.Request) -> TaskService:
+async def _service(request: web.Request) -> TaskService:
+    """The task service, once its database is ready (`TaskService.settled`); a 404 without `tasks:`."""
     service = request.app[TASKS].enabled()
     if service is None:
         raise _Refused(error_response(
             request, 404, "the Batch API needs the task queue: add a `tasks:` section (with its `db`, which "
             "holds files and batches) to the config", force_json=True,
         ))
+    await service.settled()
     return service
 
 
@@ -119,8 +121,7 @@ def _limit(request: web.Request, default: int) -> int:
 
 @_refusals
 async def upload(request: web.Request) -> web.Response:
-    service = _service(request)
-    await service.settled()
+    service = await _service(request)
     limit = state(request).config.max_request_body
     if request.content_length is not None and request.content_length > limit:
         return error_response(request, 413, too_large_message(limit), force_json=True)
@@ -175,7 +176,7 @@ async def _read_form(request: web.Request, limit: int) -> tuple[dict[str, str], 
 
 @_refusals
 async def list_files(request: web.Request) -> web.Response:
-    service = _service(request)
+    service = await _service(request)
     limit = _limit(request, MAX_LIST)
     files = await asyncio.to_thread(store.list_files, service.db, request.query.get("purpose"), limit,
                                     _owner(request))
@@ -192,13 +193,13 @@ async def _file(request: web.Request, service: TaskService) -> store.StoredFile:
 
 @_refusals
 async def show_file(request: web.Request) -> web.Response:
-    service = _service(request)
+    service = await _service(request)
     return web.json_response((await _file(request, service)).as_openai())
 
 
 @_refusals
 async def file_content(request: web.Request) -> web.Response:
-    service = _service(request)
+    service = await _service(request)
     stored = await _file(request, service)
     content = await asyncio.to_thread(store.file_content, service.db, stored.id, _owner(request))
     return web.Response(body=content or b"", content_type="application/octet-stream",
@@ -207,7 +208,7 @@ async def file_content(request: web.Request) -> web.Response:
 
 @_refusals
 async def delete_file(request: web.Request) -> web.Response:
-    service = _service(request)
+    service = await _service(request)
     stored = await _file(request, service)
     await asyncio.to_thread(store.delete_file, service.db, stored.id, _owner(request))
     return web.json_response({"id": stored.id, "object": "file", "deleted": True})
@@ -218,8 +219,7 @@ async def delete_file(request: web.Request) -> web.Response:
 
 @_refusals
 async def create_batch(request: web.Request) -> web.Response:
-    service = _service(request)
-    await service.settled()
+    service = await _service(request)
     try:
         body = await request.json()
     except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deeply
@@ -240,7 +240,7 @@ async def create_batch(request: web.Request) -> web.Response:
 
 @_refusals
 async def list_batches(request: web.Request) -> web.Response:
-    service = _service(request)
+    service = await _service(request)
     limit = _limit(request, 20)
     # One more than asked for tells whether there is a next page.
     after = request.query.get("after")
@@ -256,13 +256,13 @@ async def list_batches(request: web.Request) -> web.Response:
 
 @_refusals
 async def show_batch(request: web.Request) -> web.Response:
-    service = _service(request)
+    service = await _service(request)
     return await _one_batch(request, service.batches.get)
 
 
 @_refusals
 async def cancel_batch(request: web.Request) -> web.Response:
-    service = _service(request)
+    service = await _service(request)
     return await _one_batch(request, service.batches.cancel)
 
 

@@ -9,11 +9,13 @@
                                   keeps its slots, and its next stop saves them again
 
 Saves are files under `kvCache.dir`, one folder per model (llmswap.kvcache); a model without `kvCache: true`
-is listed only when it left saves there. Both routes sit behind the API keys like every `/api/` route.
+is listed only when it left saves there. Both routes sit behind the API keys like every `/api/` route. The
+folders are read (and cleared) on a worker thread: a folder on a slow disk must not hold the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -35,10 +37,10 @@ async def list_saves(request: web.Request) -> web.Response:
     config = state(request).config
     settings = config.kv_cache
     now = time.time()
-    rates = state(request).router.kv_rates
-    models = [record | ({"rates": rates.shown(model.id, settings.dir)} if settings is not None else {})
-              for model in config.models.values()
-              if (record := _model_record(model, now))["enabled"] or record["saves"]]
+    rates = state(request).router.kv.rates
+    records = await asyncio.to_thread(lambda: [_model_record(model, now) for model in config.models.values()])
+    models = [record | ({"rates": rates.shown(record["model"], settings.dir)} if settings is not None else {})
+              for record in records if record["enabled"] or record["saves"]]
     return web.json_response({
         "dir": str(settings.dir) if settings is not None else None,
         "save": settings.save if settings is not None else None,
@@ -54,8 +56,10 @@ async def clear_saves(request: web.Request) -> web.Response:
     model_id = config.real_model_name(name)
     if model_id is None:
         return error_response(request, 404, unknown_model_message(config, name), code="model_not_found")
-    model = config.models[model_id]
-    deleted = SaveFolder(model.kv_dir).clear() if model.kv_dir is not None and model.kv_dir.is_dir() else []
+    folder = config.models[model_id].kv_dir
+    restoring = frozenset(state(request).router.kv.restoring)
+    deleted = await asyncio.to_thread(
+        lambda: SaveFolder(folder).clear(restoring) if folder is not None and folder.is_dir() else [])
     return web.json_response({"model": model_id, "deleted": len(deleted),
                               "bytes": sum(save.bytes for save in deleted)})
 

@@ -25,7 +25,7 @@ from llmswap.scheduler.errors import SchedulerError
 from llmswap.scheduler.types import QueueSnapshot
 from llmswap.server.http.connections import cancel_on_hangup
 from llmswap.server.http.errors import error_response, scheduler_error_response
-from llmswap.server.http.middleware import note_model
+from llmswap.server.http.record import request_record
 from llmswap.server.inference.peer_watch import PEER_WATCH
 from llmswap.server.inference.peers import peer_models
 from llmswap.server.inference.profiles import PROFILES, pin_records
@@ -212,7 +212,7 @@ def _named_model(request: web.Request) -> str | web.Response:
         return error_response(
             request, 404, f"model not found: {name!r} is neither a model id nor an alias of this config",
         )
-    note_model(request, model_id)
+    request_record(request).model = model_id  # its access line names it
     return model_id
 
 

@@ -47,8 +47,12 @@ class Tasks:
 TASKS: web.AppKey[Tasks] = web.AppKey("llmswap_tasks", Tasks)
 
 
-def _service(request: web.Request) -> TaskService | None:
-    return request.app[TASKS].enabled()
+async def _service(request: web.Request) -> TaskService | None:
+    """The task service, once its database is ready (`TaskService.settled`); None without `tasks:`."""
+    service = request.app[TASKS].enabled()
+    if service is not None:
+        await service.settled()
+    return service
 
 
 def _not_configured(request: web.Request) -> web.Response:
@@ -58,7 +62,7 @@ def _not_configured(request: web.Request) -> web.Response:
 
 
 async def submit(request: web.Request) -> web.Response:
-    service = _service(request)
+    service = await _service(request)
     if service is None:
         return _not_configured(request)
     try:
@@ -87,7 +91,7 @@ async def submit(request: web.Request) -> web.Response:
 
 
 async def show(request: web.Request) -> web.Response:
-    service = _service(request)
+    service = await _service(request)
     if service is None:
         return _not_configured(request)
     task_id = int(request.match_info["task_id"])
@@ -98,7 +102,7 @@ async def show(request: web.Request) -> web.Response:
 
 
 async def listing(request: web.Request) -> web.Response:
-    service = _service(request)
+    service = await _service(request)
     if service is None:
         return _not_configured(request)
     status = request.query.get("status") or None
@@ -117,7 +121,7 @@ async def listing(request: web.Request) -> web.Response:
 
 
 async def cancel(request: web.Request) -> web.Response:
-    service = _service(request)
+    service = await _service(request)
     if service is None:
         return _not_configured(request)
     task_id = int(request.match_info["task_id"])
@@ -135,7 +139,7 @@ async def cancel(request: web.Request) -> web.Response:
 
 
 async def stats(request: web.Request) -> web.Response:
-    service = _service(request)
+    service = await _service(request)
     if service is None:
         return _not_configured(request)
     body: dict[str, Any] = await service.stats()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from aiohttp import hdrs, web
@@ -22,6 +21,7 @@ from yarl import URL
 
 from llmswap.server.http import auth, guard
 from llmswap.server.http.errors import error_response
+from llmswap.server.http.record import RECORD, RequestRecord
 from llmswap.server.observe.logsetup import deliver_line
 from llmswap.server.state import STATE
 from llmswap.tasks.queue.sql import TaskDatabaseUnavailable
@@ -33,26 +33,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Never sent: marks, in the access log, a response the client did not stay for.
 CLIENT_GONE = 499
-
-
-@dataclass(slots=True)
-class AccessRecord:
-    """What a route tells the access log (and the request observers, e.g. metrics) about its request."""
-
-    model: str = ""
-    started: float = 0.0  # time.monotonic() when the request arrived
-    waited: float | None = None  # seconds from asking the router for the model to being granted it
-    first_byte: float | None = None  # seconds from arrival to the first byte of the upstream's answer sent
-    load: float | None = None  # seconds of `waited` its model spent loading (the rest was queueing)
-    answering: bool = False  # the answer's status line went out: no other response can follow
-    cut: str = ""  # why llmswap ended the request itself ("cancelled", "shutdown"), if it did
-    phases: tuple[tuple[str, float], ...] = ()  # the swap's phases it waited for: (name, seconds), in order
-    cached: int | None = None  # prompt tokens the upstream took from its cache, when its answer said
-    placed: str = ""  # where discover peers were weighed: the host chosen and why
-
-    def loaded(self, seconds: float) -> None:
-        """The router's `on_granted`: of the request's wait, its model spent `seconds` loading."""
-        self.load = seconds
 
 
 class Answered(NamedTuple):
@@ -69,10 +49,10 @@ class Answered(NamedTuple):
     model: str
     status: int  # CLIENT_GONE when the client left first
     seconds: float  # arrival to the end of the answer
-    waited: float | None = None  # see AccessRecord
+    waited: float | None = None  # see RequestRecord
     load: float | None = None
     first_byte: float | None = None
-    cut: str = ""  # see AccessRecord
+    cut: str = ""  # see RequestRecord
     phases: tuple[tuple[str, float], ...] = ()
     cached: int | None = None
     placed: str = ""
@@ -86,73 +66,8 @@ RequestObserver = Callable[[Answered], None]
 REQUEST_OBSERVERS: web.AppKey[list[RequestObserver]] = web.AppKey("llmswap_request_observers", list)
 
 
-# The record is a mutable object, so a cloned request (auth clones to drop credentials) shares it with
-# the original the access log holds.
-ACCESS: web.RequestKey[AccessRecord] = web.RequestKey("llmswap_access", AccessRecord)
-
-
-def access_record(request: web.BaseRequest) -> AccessRecord | None:
-    """The request's access record (None for a request the middleware did not frame)."""
-    record = request.get(ACCESS)
-    return record if isinstance(record, AccessRecord) else None
-
-
-def note_model(request: web.Request, model: str) -> None:
-    """Name the model a request was for, so its access-log line says it."""
-    if (record := access_record(request)) is not None:
-        record.model = model
-
-
-def note_wait(request: web.Request, seconds: float) -> None:
-    """Record how long the request waited for the router to grant its model."""
-    if (record := access_record(request)) is not None:
-        record.waited = seconds
-
-
-def note_load(request: web.Request, seconds: float) -> None:
-    """Record how much of the request's wait its model spent loading."""
-    if (record := access_record(request)) is not None:
-        record.load = seconds
-
-
-def note_phases(request: web.Request, phases: tuple[tuple[str, float], ...]) -> None:
-    """Record the phases of the swap the request waited for, (name, seconds) each in the order they ran."""
-    if (record := access_record(request)) is not None:
-        record.phases = phases
-
-
-def note_placed(request: web.Request, reason: str) -> None:
-    """Record where a model served here and on discover peers was placed, and why."""
-    if (record := access_record(request)) is not None:
-        record.placed = reason
-
-
-def note_answering(request: web.BaseRequest) -> None:
-    """Record that the answer's status and headers went out (a later error can no longer be a response)."""
-    if (record := access_record(request)) is not None:
-        record.answering = True
-
-
-def note_cut(request: web.BaseRequest, reason: str) -> None:
-    """Record that llmswap ended the request itself, and why (the access line's `cut=`)."""
-    if (record := access_record(request)) is not None:
-        record.cut = reason
-
-
-def answering(request: web.BaseRequest) -> bool:
-    record = access_record(request)
-    return record is not None and record.answering
-
-
-def note_first_byte(request: web.BaseRequest) -> None:
-    """Record that the first byte of the upstream's answer went out now (only the first call counts)."""
-    record = access_record(request)
-    if record is not None and record.first_byte is None:
-        record.first_byte = time.monotonic() - record.started
-
-
 class Timings(Protocol):
-    """Where a request's time went, as an AccessRecord or an Answered tells it."""
+    """Where a request's time went, as a RequestRecord or an Answered tells it."""
 
     @property
     def waited(self) -> float | None: ...
@@ -233,8 +148,8 @@ def report(answered: Answered, observers: Sequence[RequestObserver]) -> None:
 async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
     """llmswap's one middleware: access record, error shaping, guard, auth, route (see the module's doc)."""
     started = time.monotonic()
-    record = AccessRecord(started=started)
-    request[ACCESS] = record
+    record = RequestRecord(started=started)
+    request[RECORD] = record
     status = CLIENT_GONE  # what remains if the handler is cancelled: the client left
     try:
         try:

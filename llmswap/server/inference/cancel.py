@@ -22,7 +22,7 @@ from aiohttp import hdrs, web
 from llmswap.activity.recording import Recording
 from llmswap.server.http.connections import cancel_on_hangup
 from llmswap.server.http.errors import error_response
-from llmswap.server.http.middleware import access_record, note_cut
+from llmswap.server.http.record import RequestRecord
 from llmswap.server.inference.inflight import INFLIGHT, Cut, InflightEntry
 from llmswap.server.inference.proxy import SseErrorFormatter, is_event_stream, openai_sse_error
 from llmswap.server.observe.activity import finish_http
@@ -33,6 +33,7 @@ log = logging.getLogger("llmswap.proxy")
 async def served(
     request: web.Request,
     work: Awaitable[web.StreamResponse],
+    record: RequestRecord,
     *,
     model: str | None,
     path: str | None = None,
@@ -40,7 +41,8 @@ async def served(
     sse_error: SseErrorFormatter = openai_sse_error,
 ) -> web.StreamResponse:
     """Await `work` as one request in flight: an in-flight entry for `model` (None: not tracked; `path` as
-    shown), a cancel of that entry turned into a clean end, and `recording` finished with what was answered.
+    shown), a cancel of that entry turned into a clean end, and `recording` finished with what was answered
+    and what the request's `record` says of its wait.
 
     One frame instead of a wrapper per concern, and no watcher task: a client that hangs up cancels the
     handler's task (`connections.cancel_on_hangup`), which unwinds through the router's queue or grant and
@@ -50,7 +52,7 @@ async def served(
     task = asyncio.current_task()
     cancel_on_hangup(request, task)
     tracker = request.app[INFLIGHT]
-    entry = tracker.open(request, model, path, task) if model is not None else None
+    entry = tracker.open(request, record, model, path, task) if model is not None else None
     response: web.StreamResponse | None = None
     try:
         response = await work
@@ -61,13 +63,17 @@ async def served(
                 recording.client_left()
             raise  # the client left
         task.uncancel()
+        record.cut = entry.cut.reason
         response = await _cut_end(request, entry, entry.cut, sse_error, recording)
         return response
     finally:
         if entry is not None:
             tracker.close(entry)
         if recording is not None:
-            if recording.answered and (record := access_record(request)) is not None:
+            if record.waited is not None:
+                load = record.load or 0.0
+                recording.waited(max(0.0, record.waited - load), record.load or None, record.phases)
+            if recording.answered:
                 record.cached = recording.cached_tokens()  # the access line says it (`cached=`)
             finish_http(recording, response)
 
@@ -80,7 +86,6 @@ async def _cut_end(
     error event and the end of an event stream under way, else a cut connection (never a
     complete-looking truncated body)."""
     log.info("%s %s: %s", request.method, request.path, cut.message)
-    note_cut(request, cut.reason)
     if recording is not None:
         recording.fail(cut.status, cut.message)
     response = entry.response

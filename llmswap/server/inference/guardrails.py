@@ -58,25 +58,9 @@ class PromptEstimate:
 REPORTED: web.AppKey[dict[tuple[str, str], int | None]] = web.AppKey("llmswap_reported_context", dict)
 
 
-# Per model config (by identity; a reload makes new ones): its declared limit, read once, since every
-# request asks. Bounded: a long life of reloads starts it over.
-_DECLARED: dict[int, tuple[ModelConfig, ContextLimit | None]] = {}
-_DECLARED_BOUND = 4096
-
-
 def declared_limit(model: ModelConfig) -> ContextLimit | None:
-    """The context the config declares for `model`, if any."""
-    known = _DECLARED.get(id(model))
-    if known is not None and known[0] is model:
-        return known[1]
-    if len(_DECLARED) >= _DECLARED_BOUND:
-        _DECLARED.clear()
-    limit = _read_declared(model)
-    _DECLARED[id(model)] = (model, limit)
-    return limit
-
-
-def _read_declared(model: ModelConfig) -> ContextLimit | None:
+    """The context the config declares for `model`, if any (a field and a few metadata keys: read per
+    request, as cheap as a lookup in a cache would be)."""
     if model.capabilities is not None and model.capabilities.context > 0:
         return ContextLimit(model.capabilities.context, "its capabilities.context")
     for key in METADATA_KEYS:

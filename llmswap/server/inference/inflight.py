@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from llmswap.activity.captures import redacted
-from llmswap.server.http.middleware import note_first_byte
+from llmswap.server.http.record import RequestRecord
 
 
 def remote_ip(request: web.BaseRequest) -> str:
@@ -45,7 +45,8 @@ class InflightEntry:
     # The headers as received and as sent: redacted only when shown, so an untracked moment costs nothing.
     request_headers: Mapping[str, str]
     response_headers: Mapping[str, str] | None = None
-    resp_bytes: int = 0
+    # The request's record: its bytes relayed so far are the entry's progress.
+    record: RequestRecord = field(default_factory=RequestRecord)
     # For `cut`: the task serving the request, the response once it went out, and why llmswap ended it.
     task: asyncio.Task[Any] | None = None
     response: web.StreamResponse | None = None
@@ -58,6 +59,10 @@ class InflightEntry:
     # The timestamp and request headers as shown, made the first time the entry is (they never change;
     # an entry is shown at least twice while a stream is open).
     shown: tuple[str, dict[str, str]] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def resp_bytes(self) -> int:
+        return self.record.sent
 
     def as_dict(self, now_monotonic: float) -> dict[str, Any]:
         if self.shown is None:
@@ -97,14 +102,13 @@ class InflightTracker:
         for listener in tuple(self.listeners):
             listener(operation, entry)
 
-    def open(self, request: web.Request, model: str, path: str | None = None,
+    def open(self, request: web.Request, record: RequestRecord, model: str, path: str | None = None,
              task: asyncio.Task[Any] | None = None) -> InflightEntry:
-        """Add an entry for `request` (routed to `model`; `path` as shown, default the request's), served by
-        `task` (default: the current one); `close` it when the
-        request ends."""
+        """Add an entry for `request` (its `record`; routed to `model`; `path` as shown, default the
+        request's), served by `task` (default: the current one); `close` it when the request ends."""
         entry = InflightEntry(
             str(next(self._ids)), self.wall_clock(), self.monotonic(), model,
-            request.path if path is None else path, request.method, request.headers,
+            request.path if path is None else path, request.method, request.headers, record=record,
             task=task or asyncio.current_task(), request=request, tracker=self,
         )
         self._entries[entry.id] = entry
@@ -172,15 +176,6 @@ class Cut:
 
 
 INFLIGHT: web.AppKey[InflightTracker] = web.AppKey("llmswap_inflight", InflightTracker)
-
-
-def note_relayed(request: web.BaseRequest, size: int) -> None:
-    """`size` bytes of the upstream's answer went to the client: the access record's first byte, the
-    in-flight entry's byte count."""
-    note_first_byte(request)
-    entry = request.get(ENTRY)
-    if entry is not None:
-        entry.resp_bytes += size
 
 
 async def _on_prepare(request: web.BaseRequest, response: web.StreamResponse) -> None:

@@ -29,7 +29,8 @@ from llmswap.router import AcquireOptions
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.server.http.connections import cancel_on_hangup, keep_on_hangup
 from llmswap.server.http.errors import error_response, scheduler_error_response
-from llmswap.server.http.middleware import note_model, too_large_message
+from llmswap.server.http.middleware import too_large_message
+from llmswap.server.http.record import RequestRecord, request_record
 from llmswap.server.inference import proxy, websocket
 from llmswap.server.inference.cancel import served
 from llmswap.server.inference.peers import forward_to_peer, peer_headers, resolve_peer
@@ -108,6 +109,7 @@ async def models_page(request: web.Request) -> web.Response:
 
 
 async def to_upstream(request: web.Request) -> web.StreamResponse:
+    record = request_record(request)  # handed down from here
     server = state(request)
     raw_tail = request.rel_url.raw_path[len(PREFIX):]
     pinned = pinned_tail(request.app[PROFILES].active.pin, raw_tail)
@@ -133,7 +135,7 @@ async def to_upstream(request: web.Request) -> web.StreamResponse:
         if refusal is not None:
             return refusal
     if websocket.is_upgrade(request):
-        return await relay_socket(request, target, request.rel_url.raw_query_string)
+        return await relay_socket(request, target, request.rel_url.raw_query_string, record)
     limit = server.config.max_request_body
     try:
         # The whole body, size-checked against the live limit before anything queues: an oversized
@@ -145,8 +147,7 @@ async def to_upstream(request: web.Request) -> web.StreamResponse:
     except MalformedRequest as exc:
         return error_response(request, 400, exc.message)
     body = raw if request.body_exists else None
-    name = target.model if target.peer is None else f"{target.peer}/{target.model}"
-    note_model(request, name)
+    record.model = name = target.model if target.peer is None else f"{target.peer}/{target.model}"
     # An in-flight entry when the path is itself a model route (as llama-swap tracks them), shown by the
     # path after the model; nothing for the upstream's other pages. Such a route is recorded in activity
     # too (POSTs, as llama-swap records them).
@@ -158,10 +159,11 @@ async def to_upstream(request: web.Request) -> web.StreamResponse:
     if target.peer is not None:
         peer = server.config.peers[target.peer]
         # The body goes as the client sent it: no model rewrite, no filters (unlike the inference routes).
-        work = forward_to_peer(request, peer, path=target.path, body=body, recording=recording)
+        work = forward_to_peer(request, peer, path=target.path, body=body, recording=recording, record=record)
     else:
-        work = _to_model(request, target.model, target.path, body, priority, recording)
-    return await served(request, work, model=name if tracked else None, path=path, recording=recording)
+        work = _to_model(request, record, target.model, target.path, body, priority, recording)
+    return await served(request, work, record, model=name if tracked else None, path=path,
+                        recording=recording)
 
 
 def _refuse_sleep_calls(request: web.Request, model: ModelConfig, path: str) -> web.Response | None:
@@ -186,22 +188,24 @@ def _refuse_while_down(request: web.Request, model_id: str, path: str) -> web.Re
     return None
 
 
-async def relay_socket(request: web.Request, target: UpstreamTarget, query: str) -> web.StreamResponse:
+async def relay_socket(request: web.Request, target: UpstreamTarget, query: str,
+                       record: RequestRecord) -> web.StreamResponse:
     """Relay a websocket upgrade to `target` (`query` is the raw query string to send), holding the model
-    in flight for as long as the socket is open unless it sets `compat.ignoreWebsockets`."""
+    in flight for as long as the socket is open unless it sets `compat.ignoreWebsockets`; `record` is the
+    request's."""
     server = state(request)
     pool = request.app[UPSTREAMS]
     if target.peer is not None:
-        note_model(request, f"{target.peer}/{target.model}")
+        record.model = f"{target.peer}/{target.model}"
         peer = server.config.peers[target.peer]
         extra, drop = peer_headers(peer, request.headers, llmswap_has_keys=bool(server.config.api_keys))
         url = proxy.upstream_url(peer.proxy, target.path, query)
         session = pool.websocket_session(f"peer:{peer.id}", peer.timeouts)
         return await websocket.relay(
-            request, url, session, model=f"{target.peer}/{target.model}", extra_headers=extra,
+            request, record, url, session, model=f"{target.peer}/{target.model}", extra_headers=extra,
             drop_headers=drop, error_prefix="peer proxy error",
         )
-    note_model(request, target.model)
+    record.model = target.model
     config = server.config.models[target.model]
     url = proxy.upstream_url(config.proxy, target.path, query)
     if config.ignore_websockets:
@@ -213,7 +217,7 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str)
                 f"model {target.model} is not loaded; ignored websocket requests cannot start it",
             )
         session = pool.websocket_session(target.model, config.timeouts)
-        return await websocket.relay(request, url, session, model=target.model)
+        return await websocket.relay(request, record, url, session, model=target.model)
     try:
         priority = request_priority(request)
     except MalformedRequest as exc:
@@ -227,25 +231,25 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str)
             # The grant's config, not the one read above: a reload may have changed the model meanwhile.
             url = proxy.upstream_url(lease.config.proxy, target.path, query)
             session = pool.websocket_session(target.model, lease.config.timeouts)
-            return await websocket.relay(request, url, session, model=target.model)
+            return await websocket.relay(request, record, url, session, model=target.model)
     except SchedulerError as err:
         return scheduler_error_response(request, err)
 
 
 async def _to_model(
-    request: web.Request, model_id: str, path: str, body: bytearray | None, priority: int,
-    recording: Recording | None = None,
+    request: web.Request, record: RequestRecord, model_id: str, path: str, body: bytearray | None,
+    priority: int, recording: Recording | None = None,
 ) -> web.StreamResponse:
     key = request_api_key(request)
     try:
         # A client that hangs up while its request waits cancels the handler: it leaves the queue.
-        asking = AcquireOptions(priority=priority, api_key=key.key if key is not None else None)
+        asking = AcquireOptions(priority=priority, api_key=key.key if key is not None else None,
+                                on_granted=record.loaded)
         async with request.app[DISPATCHER].lease(model_id, asking) as lease:
-            if recording is not None:
-                recording.waited(lease.waited)
+            record.waited = lease.waited
             return await proxy.forward(
                 request, base_url=lease.config.proxy, path=path, upstream=lease.upstream, body=body,
-                recording=recording,
+                recording=recording, record=record,
             )
     except SchedulerError as err:
         return scheduler_error_response(request, err)

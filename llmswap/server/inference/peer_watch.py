@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from llmswap import calls
 from llmswap.config.model import Config, PeerConfig
 from llmswap.process.state import ProcessState
 from llmswap.server.admin.tasks import TASKS
@@ -100,9 +101,8 @@ class PeerWatch:
         backoff = 0.5
         headers, _ = peer_headers(peer, {}, llmswap_has_keys=False)  # as every request to the peer goes
         url = peer.proxy.rstrip("/") + "/api/events"
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=STALE_AFTER)
         told = ""  # the last problem logged: a peer that stays away is logged once, not every retry
-        async with aiohttp.ClientSession(timeout=timeout) as http:
+        async with calls.session(None, sock_connect=5, sock_read=STALE_AFTER) as http:
             while True:
                 try:
                     async with http.get(url, headers=headers) as response:
@@ -127,18 +127,14 @@ class PeerWatch:
                 backoff = min(backoff * 2, 10.0)
 
     async def _read(self, name: str, response: aiohttp.ClientResponse) -> None:
-        data: list[str] = []
-        async for raw in response.content:
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        def heard() -> None:
             self._heard[name] = self._clock()
-            if line.startswith("data:"):
-                data.append(line[5:].lstrip(" "))
-            elif not line and data:
-                envelope = json.loads("\n".join(data))
-                data = []
-                payload = envelope.get("data")
-                decoded = json.loads(payload) if isinstance(payload, str) else payload
-                self._apply(name, envelope.get("type"), decoded)
+
+        async for data in calls.events(response, heard):
+            envelope = json.loads(data)
+            payload = envelope.get("data")
+            decoded = json.loads(payload) if isinstance(payload, str) else payload
+            self._apply(name, envelope.get("type"), decoded)
 
     def _apply(self, name: str, kind: Any, data: Any) -> None:
         view = self.views.get(name)
@@ -217,17 +213,13 @@ PEER_WATCH: web.AppKey[PeerWatch] = web.AppKey("llmswap_peer_watch", PeerWatch)
 
 
 def setup(app: web.Application) -> None:
-    """Follow the discover peers from the start, and again after each config reload."""
-
-    async def start(app: web.Application) -> None:
-        app[STATE].watch_router(lambda router: app[PEER_WATCH].reconcile(router.config))
+    """`/api/hosts`, and the peers' followers closed at cleanup (the app follows each config's peers)."""
 
     async def stop(app: web.Application) -> None:
         with contextlib.suppress(Exception):
             await app[PEER_WATCH].close()
 
     app.router.add_get("/api/hosts", hosts)
-    app.on_startup.append(start)
     app.on_cleanup.append(stop)
 
 

@@ -17,6 +17,7 @@ from yarl import URL
 
 from llmswap.activity.recording import Recording
 from llmswap.config.model import Config, PeerConfig
+from llmswap.server.http.record import RequestRecord
 from llmswap.server.inference.placement import FORWARDED_HEADER
 from llmswap.server.inference.proxy import UPSTREAMS, Body, SseErrorFormatter, forward, openai_sse_error
 from llmswap.server.state import state
@@ -92,6 +93,7 @@ async def forward_to_peer(
     query: str | None = None,
     sse_error: SseErrorFormatter = openai_sse_error,
     recording: Recording | None = None,
+    record: RequestRecord | None = None,
     forwarded: bool = False,
 ) -> web.StreamResponse:
     """Send the (already rewritten) request to `peer`; transport failures → 502 `peer proxy error: ...`.
@@ -115,4 +117,5 @@ async def forward_to_peer(
         sse_error=sse_error,
         watchdog=Watchdog.of(f"peers.{peer.id}.timeouts", peer.timeouts),
         recording=recording,
+        record=record,
     )

@@ -18,12 +18,11 @@ from typing import Any
 from aiohttp import web
 
 from llmswap.config.model import Config, ProfileConfig
-from llmswap.router.base import BaseRouter
+from llmswap.router.router import Router
 from llmswap.server.http.errors import error_response
 from llmswap.server.inference.peers import resolve_peer
 from llmswap.server.observe.event_feed import TYPED_EVENTS
 from llmswap.server.observe.events import FEED
-from llmswap.server.state import STATE
 
 log = logging.getLogger("llmswap.profiles")
 
@@ -61,7 +60,7 @@ class Profiles:
         if config.startup_profile is not None:
             log.info("active profile at start-up: %s (hooks.on_startup.profile)", config.startup_profile)
 
-    def follow(self, router: BaseRouter) -> None:
+    def follow(self, router: Router) -> None:
         # Called inside a reload with the new router, before any request sees it: the start-up one again.
         config = router.config
         if config is not self.active.config:
@@ -73,7 +72,6 @@ PROFILES: web.AppKey[Profiles] = web.AppKey("llmswap_profiles", Profiles)
 
 def setup(app: web.Application) -> None:
     profiles = app[PROFILES]
-    app[STATE].watch_router(profiles.follow)
     app[FEED].active_profile = lambda: profiles.active.name
     TYPED_EVENTS[ProfileChanged] = lambda feed, _change: feed.profile_changed()
     app.router.add_get("/api/profiles", list_profiles)

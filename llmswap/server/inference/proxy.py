@@ -19,8 +19,7 @@ from yarl import URL
 
 from llmswap.activity.recording import Recording
 from llmswap.server.http.errors import error_body, error_response
-from llmswap.server.http.middleware import note_answering
-from llmswap.server.inference.inflight import note_relayed
+from llmswap.server.http.record import RequestRecord
 from llmswap.upstream import Dispatcher, UpstreamPool
 from llmswap.upstream.forward import Buffer, Unreachable
 from llmswap.upstream.forward import forward as relay
@@ -147,6 +146,7 @@ async def forward(
     sse_error: SseErrorFormatter = openai_sse_error,
     watchdog: Watchdog | None = None,
     recording: Recording | None = None,
+    record: RequestRecord | None = None,
 ) -> web.StreamResponse:
     """Send `request` to `base_url` + `path` and relay the answer to its client as it arrives (the one
     forwarder, `llmswap.upstream.forward`, into a `ClientSink`).
@@ -160,13 +160,13 @@ async def forward(
     `response` is a response already sent to the client (a loading stream's 200): the upstream's body is
     written into it; its status and headers are lost, and an upstream error becomes an `sse_error` event.
     `watchdog` bounds the whole answer and the gaps between its bytes; `recording` (activity) is told what
-    went out and came back.
+    went out and came back; `record` (the request's) when the answer's head and each of its bytes went out.
     """
     headers = outgoing_headers(request, extra_headers, drop_headers)
     if body is None:
         body = await request.read() if request.body_exists else None
     url = upstream_url(base_url, path, request.rel_url.raw_query_string if query is None else query)
-    sink = ClientSink(request, response, sse_error)
+    sink = ClientSink(request, response, sse_error, record if record is not None else RequestRecord())
     try:
         await relay(upstream, request.method, url, headers, body, sink,
                     header_timeout=response_header_timeout, watchdog=watchdog, recording=recording,
@@ -193,10 +193,11 @@ class ClientSink:
     loading stream already sent), and what the client sees when the upstream breaks off."""
 
     def __init__(self, request: web.Request, response: web.StreamResponse | None,
-                 sse_error: SseErrorFormatter) -> None:
+                 sse_error: SseErrorFormatter, record: RequestRecord) -> None:
         self.request = request
         self.response = response
         self.sse_error = sse_error
+        self.record = record
         self._error: Buffer | None = None  # an error answer going into a stream already under way
 
     async def start(self, status: int, reason: str, headers: CIMultiDictProxy[str]) -> None:
@@ -210,7 +211,7 @@ class ClientSink:
         if is_event_stream(headers.get(hdrs.CONTENT_TYPE, "")):
             response.headers["X-Accel-Buffering"] = "no"
         await response.prepare(self.request)
-        note_answering(self.request)
+        self.record.answering = True
 
     async def write(self, chunk: bytes) -> None:
         if self._error is not None:
@@ -218,7 +219,7 @@ class ClientSink:
             return
         assert self.response is not None
         await self.response.write(chunk)
-        note_relayed(self.request, len(chunk))
+        self.record.relayed(len(chunk))
 
     async def finish(self) -> None:
         assert self.response is not None

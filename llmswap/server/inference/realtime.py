@@ -13,6 +13,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from llmswap.server.http.errors import error_response
+from llmswap.server.http.record import request_record
 from llmswap.server.inference.passthrough import UpstreamTarget, relay_socket
 from llmswap.server.inference.peers import resolve_peer
 from llmswap.server.inference.profiles import PROFILES
@@ -73,4 +74,4 @@ async def _relay(request: web.Request, name: str, asked: str, lease: SelectorHol
         sent = served[1]
         target = UpstreamTarget(name, served[1], served[0].id, PATH)
     query = query_with_model(request, sent) if sent != asked else request.rel_url.raw_query_string
-    return await relay_socket(request, target, query)
+    return await relay_socket(request, target, query, request_record(request))

@@ -21,11 +21,12 @@ from aiohttp import hdrs, web
 from llmswap.activity.recording import Recording
 from llmswap.config.model import ModelConfig, PeerConfig
 from llmswap.process.state import ProcessState
-from llmswap.router import AcquireOptions, BaseRouter
+from llmswap.router import AcquireOptions, Router
 from llmswap.router.types import ordered_phases
 from llmswap.scheduler.errors import Preempted, SchedulerError
 from llmswap.server.http import middleware
 from llmswap.server.http.errors import error_response, scheduler_error_response
+from llmswap.server.http.record import RequestRecord, request_record
 from llmswap.server.inference import guardrails
 from llmswap.server.inference.cancel import served
 from llmswap.server.inference.loading import LoadingFeedback, StreamDialect, dialect_for
@@ -50,7 +51,7 @@ from llmswap.server.inference.resolve import (
 )
 from llmswap.server.inference.selectors import SELECTORS, NoTarget, SelectorHold
 from llmswap.server.observe.activity import begin_http
-from llmswap.server.state import ServerState, request_api_key, state
+from llmswap.server.state import request_api_key, state
 from llmswap.upstream.filters import FilterPlan, apply_plan, local_plan, plan_for
 from llmswap.upstream.watchdog import Watchdog
 
@@ -198,6 +199,7 @@ class InferenceRequest:
 
 
 async def serve(request: web.Request, route: InferenceRoute) -> web.StreamResponse:
+    record = request_record(request)  # handed down from here: each fact is written where it is known
     server = state(request)
     # Read once, together: a reload while this request waits must not pair one config with another router.
     config, router = server.config, server.router
@@ -237,37 +239,36 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
         if real is not None:
             placed = placement_for(request, real)
             if placed is not None:
-                middleware.note_placed(request, placed.reason)
+                record.placed = placed.reason
             if placed is not None and placed.host:  # another llmswap serves it better (placement.py)
-                name = f"{placed.host}/{real}"
-                middleware.note_model(request, name)
+                record.model = name = f"{placed.host}/{real}"
                 recording = begin_http(request, model=name, requested=asked_for, req_path=route.upstream_path)
                 peer_config = config.peers[placed.host]
-                work = _serve_peer(request, peer_config, real, incoming, recording, forwarded=True)
-                return await served(request, work, model=name, recording=recording,
+                work = _serve_peer(request, record, peer_config, real, incoming, recording, forwarded=True)
+                return await served(request, work, record, model=name, recording=recording,
                                     sse_error=incoming.dialect.error)
-            middleware.note_model(request, real)
+            record.model = real
             recording = begin_http(request, model=real, requested=asked_for, req_path=route.upstream_path)
-            work = _serve_local(request, server, router, config.models[real], incoming, recording)
-            return await served(request, work, model=real, recording=recording,
+            work = _serve_local(request, record, router, config.models[real], incoming, recording)
+            return await served(request, work, record, model=real, recording=recording,
                                 sse_error=incoming.dialect.error)
         peer = resolve_peer(config, found.model)
         if peer is not None:
-            middleware.note_model(request, found.model)
+            record.model = found.model
             recording = begin_http(request, model=found.model, requested=asked_for,
                                    req_path=route.upstream_path)
-            work = _serve_peer(request, peer[0], peer[1], incoming, recording)
-            return await served(request, work, model=found.model, recording=recording,
+            work = _serve_peer(request, record, peer[0], peer[1], incoming, recording)
+            return await served(request, work, record, model=found.model, recording=recording,
                                 sse_error=incoming.dialect.error)
         discovered = discovered_for(request, found.model)
         if discovered is not None:  # only a discover peer defines it: one hop there, marked as forwarded
             placed, bare = discovered
-            name = f"{placed.host}/{bare}"
-            middleware.note_placed(request, placed.reason)
-            middleware.note_model(request, name)
+            record.placed = placed.reason
+            record.model = name = f"{placed.host}/{bare}"
             recording = begin_http(request, model=name, requested=asked_for, req_path=route.upstream_path)
-            work = _serve_peer(request, config.peers[placed.host], bare, incoming, recording, forwarded=True)
-            return await served(request, work, model=name, recording=recording,
+            work = _serve_peer(request, record, config.peers[placed.host], bare, incoming, recording,
+                               forwarded=True)
+            return await served(request, work, record, model=name, recording=recording,
                                 sse_error=incoming.dialect.error)
     except ConnectionResetError:
         return _client_left()
@@ -284,7 +285,7 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
 
 
 async def _serve_local(
-    request: web.Request, server: ServerState, router: BaseRouter, model: ModelConfig,
+    request: web.Request, record: RequestRecord, router: Router, model: ModelConfig,
     incoming: InferenceRequest, recording: Recording,
 ) -> web.StreamResponse:
     found = incoming.found
@@ -302,7 +303,7 @@ async def _serve_local(
     def on_granted(seconds: float) -> None:
         nonlocal load
         load = seconds
-        middleware.note_load(request, seconds)
+        record.load = seconds
 
     def on_admitted(model_state: ProcessState) -> None:
         nonlocal feedback
@@ -325,10 +326,9 @@ async def _serve_local(
             on_granted=on_granted,
         )
         async with request.app[DISPATCHER].lease(model.id, asking, router=router) as lease:
-            middleware.note_wait(request, lease.waited)
-            phases = tuple((p.phase, p.seconds) for p in ordered_phases(lease.phases)) if load else ()
-            middleware.note_phases(request, phases)
-            recording.waited(max(0.0, lease.waited - load), load or None, phases)
+            record.waited = lease.waited
+            if load:
+                record.phases = tuple((p.phase, p.seconds) for p in ordered_phases(lease.phases))
             loading_response = await feedback.finish() if feedback is not None else None
             await guardrails.learn_reported_context(request.app, lease.config, lease.upstream)
             return await forward(
@@ -343,12 +343,13 @@ async def _serve_local(
                 sse_error=incoming.dialect.error,
                 watchdog=Watchdog.of(f"models.{lease.config.id}.timeouts", lease.config.timeouts),
                 recording=recording,
+                record=record,
             )
     except SchedulerError as err:
         recording.fail(err.status, err.message)
         if feedback is not None:
             return await feedback.fail(err.status, err.message)
-        if isinstance(err, Preempted) and middleware.answering(request):
+        if isinstance(err, Preempted) and record.answering:
             # Preempted mid-answer (its upstream call was abandoned): a truncated answer must not pass
             # for a complete one, so the connection is cut, as when an upstream breaks off.
             if request.transport is not None:
@@ -361,8 +362,8 @@ async def _serve_local(
 
 
 async def _serve_peer(
-    request: web.Request, peer: PeerConfig, bare_model: str, incoming: InferenceRequest, recording: Recording,
-    *, forwarded: bool = False,
+    request: web.Request, record: RequestRecord, peer: PeerConfig, bare_model: str,
+    incoming: InferenceRequest, recording: Recording, *, forwarded: bool = False,
 ) -> web.StreamResponse:
     found = incoming.found
     plan = plan_for(peer.filters, found.model, model=bare_model)
@@ -374,6 +375,7 @@ async def _serve_peer(
         query=query_with_model(request, bare_model) if found.source == "query" else None,
         sse_error=incoming.dialect.error,
         recording=recording,
+        record=record,
         forwarded=forwarded,
     )
 

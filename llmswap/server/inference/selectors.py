@@ -23,7 +23,7 @@ from aiohttp import web
 
 from llmswap.config.model import Config, SelectorConfig
 from llmswap.process.state import ProcessState
-from llmswap.router import BaseRouter
+from llmswap.router import Router
 from llmswap.scheduler.types import ModelLoad
 from llmswap.server.inference.peers import resolve_peer
 from llmswap.server.observe.records import plain
@@ -137,7 +137,7 @@ def target_key(config: Config, name: str) -> tuple[str, bool]:
     return name, False
 
 
-def views_of(config: Config, router: BaseRouter, selector: SelectorConfig) -> list[TargetView]:
+def views_of(config: Config, router: Router, selector: SelectorConfig) -> list[TargetView]:
     views = []
     for name in selector.targets:
         key, local = target_key(config, name)
@@ -156,7 +156,7 @@ class SelectorBook:
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     turns: dict[str, int] = field(default_factory=dict)
 
-    def pick(self, router: BaseRouter, selector: SelectorConfig) -> SelectorHold:
+    def pick(self, router: Router, selector: SelectorConfig) -> SelectorHold:
         """Choose a target and hold it: the count rises now, in the same step as the choice."""
         views = views_of(self.config, router, selector)
         counts = self.counts.setdefault(selector.id, {})
@@ -196,7 +196,7 @@ class SelectorHold:
 # ------------------------------------------------------------------------------------------ listing
 
 
-def selector_records(config: Config, router: BaseRouter, created: int) -> list[dict[str, Any]]:
+def selector_records(config: Config, router: Router, created: int) -> list[dict[str, Any]]:
     """`/v1/models` records of the listed selectors, shaped as llama-swap lists them."""
     records = []
     for selector in config.selectors.values():

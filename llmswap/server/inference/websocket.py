@@ -25,7 +25,7 @@ from aiohttp import hdrs, web
 from yarl import URL
 
 from llmswap.server.http.errors import error_response
-from llmswap.server.http.middleware import note_first_byte
+from llmswap.server.http.record import RequestRecord
 from llmswap.server.inference.proxy import outgoing_headers
 from llmswap.upstream.forward import describe
 
@@ -94,6 +94,7 @@ def relayable_close_code(code: int | None) -> int:
 
 async def relay(
     request: web.Request,
+    record: RequestRecord,
     url: URL,
     session: aiohttp.ClientSession,
     *,
@@ -132,7 +133,7 @@ async def relay(
             max_msg_size=0, autoping=True, timeout=CLOSE_TIMEOUT, heartbeat=HEARTBEAT,
         )
         await client.prepare(request)
-        note_first_byte(request)
+        record.relayed(0)  # the upgrade went out: its first byte
         sockets = request.app[SOCKETS]
         sockets[client] = model
         try:

@@ -18,7 +18,6 @@ from llmswap.activity.recorder import ActivityRecorder, ActivitySettings
 from llmswap.activity.recording import Recording, RequestFacts
 from llmswap.activity.store import open_store
 from llmswap.config.model import ApiKey, Config
-from llmswap.router.base import BaseRouter
 from llmswap.server.http.errors import error_response
 from llmswap.server.http.middleware import CLIENT_GONE
 from llmswap.server.observe.event_feed import EventFeed
@@ -125,13 +124,6 @@ async def capture(request: web.Request) -> web.Response:
 
 
 def setup(app: web.Application) -> None:
-    server_state = app[STATE]
-    recorder = app[RECORDER]
-
-    def follow(router: BaseRouter) -> None:
-        recorder.configure(settings_of(router.config))
-
-    server_state.watch_router(follow)
     app.router.add_get("/api/metrics/activity", activity)
     app.router.add_get("/api/metrics/stats", stats)
     app.router.add_get("/api/captures/{id}", capture)

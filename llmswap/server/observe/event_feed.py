@@ -26,7 +26,7 @@ from typing import Any
 
 from llmswap.process.events import ProcessEvent
 from llmswap.process.logring import LogRing
-from llmswap.router.base import BaseRouter, SwapFinished, SwapStarted
+from llmswap.router.router import Router, SwapFinished, SwapStarted
 from llmswap.router.types import RouterEvent
 from llmswap.server.inference.inflight import InflightEntry, InflightTracker
 from llmswap.server.observe import event_payloads as payloads
@@ -86,7 +86,7 @@ class EventFeed:
 
     # ------------------------------------------------------------------ routers
 
-    def watch(self, router: BaseRouter) -> None:
+    def watch(self, router: Router) -> None:
         """Observe `router`; every router after the first came with a reload: open streams end."""
         # A successor router may have inherited the observer from its predecessor (handover).
         if self.on_router_event not in router.observers:

@@ -16,7 +16,7 @@ from llmswap.config.model import Config
 from llmswap.kvcache.keeper import KvReport
 from llmswap.process.events import ProcessEvent
 from llmswap.process.state import ProcessState
-from llmswap.router.base import BaseRouter
+from llmswap.router.router import Router
 from llmswap.router.types import SwapPhase
 from llmswap.scheduler.types import SwapPlan
 from llmswap.server.inference.peers import peer_models
@@ -56,7 +56,7 @@ def model_aliases(config: Config, model_id: str) -> list[str]:
 
 
 def model_status(
-    config: Config, router: BaseRouter, overrides: Mapping[str, ProcessState] | None = None
+    config: Config, router: Router, overrides: Mapping[str, ProcessState] | None = None
 ) -> list[dict[str, Any]]:
     """`modelStatus`: every local model sorted by id with its state, then one entry per peer model.
 
@@ -150,7 +150,7 @@ def process_event(event: ProcessEvent, pid: int | None, now: float) -> dict[str,
 
 
 def snapshot(
-    router: BaseRouter,
+    router: Router,
     *,
     reason: str,
     now: float,

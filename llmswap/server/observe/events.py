@@ -19,7 +19,6 @@ from aiohttp import web
 from llmswap.server.inference import inflight
 from llmswap.server.observe.event_feed import EventFeed
 from llmswap.server.observe.eventbus import KEEPALIVE, Event, Mark, Subscription
-from llmswap.server.state import STATE
 
 log = logging.getLogger("llmswap.events")
 
@@ -36,8 +35,6 @@ HEADERS = {
 
 def setup(app: web.Application) -> None:
     inflight.setup(app)
-    feed = app[FEED]
-    app[STATE].watch_router(feed.watch)
     app.router.add_get("/api/events", stream)
     app.on_shutdown.append(_end_streams)
 

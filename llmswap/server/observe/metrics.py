@@ -51,13 +51,13 @@ from llmswap import __version__
 from llmswap.machine import MemoryReader, open_reader
 from llmswap.process.events import ProcessEvent
 from llmswap.process.state import ProcessState
-from llmswap.router.base import BaseRouter
+from llmswap.router.router import Router
 from llmswap.router.types import RouterEvent, RouterStats, SwapFinished
 from llmswap.server.http.middleware import REQUEST_OBSERVERS, Answered
 from llmswap.server.inference.websocket import OpenSockets
 from llmswap.server.observe.activity import RECORDER
 from llmswap.server.observe.request_metrics import RequestMetrics
-from llmswap.server.state import STATE, ServerState
+from llmswap.server.state import ServerState
 
 log = logging.getLogger("llmswap.metrics")
 
@@ -121,7 +121,7 @@ class ServerMetrics:
 
     # ------------------------------------------------------------------ feeding
 
-    def watch(self, router: BaseRouter) -> None:
+    def watch(self, router: Router) -> None:
         """Observe `router` (each router a server ever has: its counters stay part of the totals)."""
         if all(stats is not router.stats for stats, _ in self._routers_seen):
             self._routers_seen.append((router.stats, getattr(router.scheduler, "stats", None)))
@@ -204,8 +204,8 @@ class ServerMetrics:
 
     def memory_reader(self) -> MemoryReader | None:
         """The vram router's own reader when it has one, else one opened here on first use."""
-        router_reader = getattr(self.state.router, "reader", None)
-        if router_reader is not None and callable(getattr(router_reader, "devices", None)):
+        router_reader = self.state.router.policy.memory_reader
+        if router_reader is not None:
             return router_reader
         if not self._reader_opened:
             self._reader_opened = True
@@ -295,7 +295,7 @@ def _counter(name: str, documentation: str, label: str, counts: Mapping[str, int
     return family
 
 
-def _footprints(router: BaseRouter, models: Iterable[str]) -> Iterator[Metric]:
+def _footprints(router: Router, models: Iterable[str]) -> Iterator[Metric]:
     footprint = GaugeMetricFamily("llmswap_model_footprint_bytes",
                                   "A model's memory footprint as the vram router knows it", labels=("model",))
     seen = False
@@ -344,7 +344,6 @@ METRICS: web.AppKey[ServerMetrics] = web.AppKey("llmswap_metrics", ServerMetrics
 
 def setup(app: web.Application) -> None:
     metrics = app[METRICS]
-    app[STATE].watch_router(metrics.watch)
     app[REQUEST_OBSERVERS].append(metrics.request_series.observe)
     app.router.add_get("/metrics", scrape)
     app.on_cleanup.append(_close)

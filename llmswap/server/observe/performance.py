@@ -26,10 +26,9 @@ from llmswap.config.model import Config
 from llmswap.machine import hardware
 from llmswap.machine.monitor import MB, PerformanceMonitor
 from llmswap.machine.reader import GpuGauges, GpuReading
-from llmswap.router.base import BaseRouter
+from llmswap.router.router import Router
 from llmswap.server.http.errors import error_response
 from llmswap.server.observe.metrics import ServerMetrics
-from llmswap.server.state import STATE
 
 log = logging.getLogger("llmswap.perf")
 
@@ -52,7 +51,7 @@ class Performance:
         reader = self.metrics.memory_reader()
         return reader if isinstance(reader, GpuGauges) else None
 
-    def follow(self, router: BaseRouter) -> None:
+    def follow(self, router: Router) -> None:
         """A reload's `performance:` (ignored when it was disabled at start: that lasts until a restart)."""
         if not self.available or self.monitor is None:
             return
@@ -152,7 +151,6 @@ def _memory_percent(reading: GpuReading) -> float | None:
 
 def setup(app: web.Application) -> None:
     perf = app[PERFORMANCE]
-    app[STATE].watch_router(perf.follow)
     perf.metrics.registry.register(MachineCollector(perf))
     app.router.add_get("/api/performance", performance_route)
     app.router.add_get("/api/hardware", hardware_route)

@@ -115,6 +115,8 @@ class TaskService:
         self._loop = loop
         self._poll_interval = poll_interval
         self._poller: asyncio.Task[None] | None = None
+        self._opening: asyncio.Task[None] | None = None
+        self._open = asyncio.Event()  # set once the database was prepared (or could not be)
         self.enabled = True  # False after a reload dropped the `tasks:` section
         # `batch:<model>` task types of the Batch API in use (type -> model): they outlive reloads.
         self._batch_types: dict[str, str] = {}
@@ -140,21 +142,33 @@ class TaskService:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Fail what a crash left running and prepare the database (before any request is served: at
-        startup, or inside the reload that adds `tasks:`), then load what was queued and start polling."""
+        """Begin, without waiting for the database (at startup, or inside the reload that adds `tasks:`):
+        a task prepares it on a worker thread, failing what a crash left running, then loads what was
+        queued and starts polling. A shared queue's host joins in the background (`hosts.py`). Requests
+        to the queue wait for either, bounded (`settled`)."""
         if self.queue_host is not None:
             self.lanes.set_types(self._all_types(), self.tasks.max_queue_depth)
             self.queue_host.start()
+            self._open.set()
+            self._poller = self._loop.create_task(self._poll_database(), name="tasks-db-poll")
         else:
-            init_db(self.db)
-            interrupted = reset_running_tasks(self.db)
-            if interrupted:
-                log.warning("tasks: %d task(s) were running when llmswap stopped; marked failed", interrupted)
-            # Batches queued before a restart carry on: their types must be known before the rows load.
-            self._batch_types = {t: t[len(BATCH_TYPE_PREFIX):] for t in batch_types_queued(self.db)}
-            self._after(self.lanes.load(self.lanes.set_types(self._all_types(), self.tasks.max_queue_depth)))
-        self._poller = self._loop.create_task(self._poll_database(), name="tasks-db-poll")
+            self._opening = self._loop.create_task(self._open_sqlite(), name="tasks-db-open")
         log.info("tasks: %s as host %s, types %s", display(self.db), self.host, sorted(self.tasks.types))
+
+    async def _open_sqlite(self) -> None:
+        try:
+            interrupted, batch_types = await asyncio.to_thread(_prepare, self.db)
+        except Exception:
+            log.exception("tasks: preparing %s failed", display(self.db))
+            return
+        finally:
+            self._open.set()
+        if interrupted:
+            log.warning("tasks: %d task(s) were running when llmswap stopped; marked failed", interrupted)
+        # Batches queued before a restart carry on: their types must be known before the rows load.
+        self._batch_types.update({t: t[len(BATCH_TYPE_PREFIX):] for t in batch_types})
+        self._after(self.lanes.load(self.lanes.set_types(self._all_types(), self.tasks.max_queue_depth)))
+        self._poller = self._loop.create_task(self._poll_database(), name="tasks-db-poll")
 
     def _after(self, work: Coroutine[Any, Any, None]) -> None:
         self._loop.create_task(work).add_done_callback(log_failure("loading the queued tasks"))
@@ -213,6 +227,9 @@ class TaskService:
         return self._router_of()
 
     async def shutdown(self) -> None:
+        if self._opening is not None:
+            self._opening.cancel()
+            await asyncio.gather(self._opening, return_exceptions=True)
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
@@ -231,8 +248,10 @@ class TaskService:
         self._loop.call_soon_threadsafe(self.lanes.discard, task_id)
 
     async def settled(self) -> None:
-        """On a shared queue, until this host's first join attempt has an answer (bounded): a submission
-        right after startup then finds the tables the join makes, or the outage it found."""
+        """Until the database is prepared (SQLite) or, on a shared queue, this host's first join attempt has
+        an answer (bounded): a request right after startup then finds the tables, or the outage found."""
+        if not self._open.is_set():
+            await self._open.wait()
         host = self.queue_host
         if host is not None and not host.settled.is_set():
             with contextlib.suppress(TimeoutError):
@@ -407,3 +426,10 @@ def same_db(a: TaskDb, b: TaskDb) -> bool:
     if is_postgres(a) or is_postgres(b):
         return a == b
     return Path(a).resolve() == Path(b).resolve()
+
+
+def _prepare(db: TaskDb) -> tuple[int, list[str]]:
+    """On a worker thread: the tables made, the tasks a crash left running failed (how many), and the
+    Batch API's types with queued rows."""
+    init_db(db)
+    return reset_running_tasks(db), list(batch_types_queued(db))

@@ -1,4 +1,4 @@
-"""BaseRouter over real demo upstreams: swaps stop the previous model, busy models are never evicted."""
+"""Router over real demo upstreams: swaps stop the previous model, busy models are never evicted."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import aiohttp
 import psutil
 
 from llmswap.process.state import ProcessState
-from llmswap.router import BaseRouter, build_router
+from llmswap.router import Router, build_router
 from tests.helpers.models import demo_config, exclusive_config
 
 
@@ -20,7 +20,7 @@ async def chat(session: aiohttp.ClientSession, base: str, model: str, max_tokens
         return str(data["choices"][0]["message"]["content"])
 
 
-def starts_of(router: BaseRouter) -> list[str]:
+def starts_of(router: Router) -> list[str]:
     kinds: list[str] = []
     router.add_observer(lambda item: kinds.append(item.model) if getattr(item, "kind", "") == "starting"
                         else None)

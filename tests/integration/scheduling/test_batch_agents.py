@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from llmswap.config.model import BatchSettings, Config, SchedulerConfig
-from llmswap.router import BaseRouter, build_router
+from llmswap.router import Router, build_router
 from tests.helpers.models import demo_config, exclusive_config
 
 AGENTS = ("alpha", "beta", "gamma")
@@ -39,7 +39,7 @@ async def chat(session: aiohttp.ClientSession, base: str, model: str) -> str:
         return str(data["choices"][0]["message"]["content"])
 
 
-async def run_agents(router: BaseRouter) -> list[str]:
+async def run_agents(router: Router) -> list[str]:
     """Run the three agents to completion through `router`; the models started, in order."""
     starts: list[str] = []
     router.add_observer(

@@ -10,7 +10,9 @@ waits for an in-process or async condition (router state, an upstream's /props) 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -20,11 +22,12 @@ import pytest
 from aiohttp import web
 
 from llmswap.config.model import Config
-from llmswap.router import BaseRouter, ProcessFactory, build_router
+from llmswap.router import ProcessFactory, Router, build_router
 from llmswap.server.app import create_app
 from llmswap.server.http.connections import Runner
 from llmswap.server.services import SERVICES, Services
 from llmswap.server.state import ServerState
+from tests.helpers.slow_callbacks import SLOW, SlowCallbacks
 
 HOST = "127.0.0.1"
 # Handlers still streaming when a test ends get this long before their connections are dropped.
@@ -42,7 +45,7 @@ class Served:
     runner: web.AppRunner
 
     @property
-    def router(self) -> BaseRouter:
+    def router(self) -> Router:
         # Read through the state: a config reload swaps the router under the same server.
         return self.state.router
 
@@ -63,7 +66,7 @@ class ServeConfig(Protocol):
         self,
         config: Config,
         *,
-        router: BaseRouter | None = None,
+        router: Router | None = None,
         process_factory: ProcessFactory | None = None,
         services: Callable[[ServerState], Services] | None = None,
         **state_fields: Any,
@@ -74,7 +77,7 @@ class ServeConfig(Protocol):
 async def serving(
     config: Config,
     *,
-    router: BaseRouter | None = None,
+    router: Router | None = None,
     process_factory: ProcessFactory | None = None,
     services: Callable[[ServerState], Services] | None = None,
     **state_fields: Any,
@@ -84,7 +87,7 @@ async def serving(
     `services(state)` builds the server's parts in place of `build_services` (a fake GPU, feed options)."""
     the_router = router if router is not None else build_router(config, process_factory=process_factory)
     server_state = ServerState(config=config, router=the_router, **state_fields)
-    routers: list[BaseRouter] = [the_router]
+    routers: list[Router] = [the_router]
     runner: web.AppRunner | None = None
     try:
         the_router.start()
@@ -95,6 +98,9 @@ async def serving(
         site = web.TCPSite(runner, HOST, 0)
         await site.start()
         port = _bound_port(runner)
+        tasks = app[SERVICES].tasks.service
+        if tasks is not None:
+            await tasks.settled()  # tests write rows straight into the database: its tables first
         yield Served(url=f"http://{HOST}:{port}", state=server_state, app=app, runner=runner)
     finally:
         if server_state.router not in routers:
@@ -113,6 +119,24 @@ def _bound_port(runner: web.AppRunner) -> int:
     raise AssertionError(f"the test server is not listening on a TCP port: {runner.addresses}")
 
 
+@pytest.fixture(autouse=True)
+async def no_blocking_on_the_loop(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """Every server test runs in asyncio's debug mode and fails when one callback held the loop longer than
+    100 ms (a database call, a folder scan, a sleep on the loop), but one marked `slow_callbacks(reason)`.
+    LLMSWAP_LOOP_DEBUG=0 turns it off."""
+    if os.environ.get("LLMSWAP_LOOP_DEBUG", "1") == "0" or request.node.get_closest_marker("slow_callbacks"):
+        yield
+        return
+    watch = SlowCallbacks()
+    watch.watch(asyncio.get_running_loop())
+    try:
+        yield
+    finally:
+        watch.close()
+    assert not watch.caught, f"callbacks held the event loop longer than {SLOW * 1000:.0f} ms:\n" + \
+        "\n".join(watch.caught)
+
+
 @pytest.fixture
 async def serve_config() -> AsyncIterator[ServeConfig]:
     """A factory: `await serve_config(config, **options)` → `Served`; all of them stop after the test."""
@@ -121,7 +145,7 @@ async def serve_config() -> AsyncIterator[ServeConfig]:
         async def serve(
             config: Config,
             *,
-            router: BaseRouter | None = None,
+            router: Router | None = None,
             process_factory: ProcessFactory | None = None,
             services: Callable[[ServerState], Services] | None = None,
             **state_fields: Any,

@@ -35,7 +35,11 @@ async def test_one_access_line_per_request_naming_the_model(serve_config, http, 
     lines = [r.getMessage() for r in caplog.records if r.name == "llmswap.access"]
     assert len(lines) == 3
     assert '"GET /v1/models" 200 ' in lines[0] and "hide-me" not in lines[0]
-    assert '"GET /upstream/m/health" 200 ' in lines[1] and lines[1].endswith(" model=m")
+    # Through /upstream as through the inference routes: where its time went, the model's start first.
+    assert '"GET /upstream/m/health" 200 ' in lines[1] and " model=m queue=" in lines[1]
+    load = float(lines[1].split(" load=")[1].split("ms")[0])
+    queue = float(lines[1].split(" queue=")[1].split("ms")[0])
+    assert load > queue and " ttfb=" in lines[1]
     assert '"GET /nope" 404 ' in lines[2]
 
 

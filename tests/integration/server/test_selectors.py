@@ -27,7 +27,7 @@ from llmswap.config.model import (
 )
 from llmswap.machine import FakeReader, GiB
 from llmswap.process.state import ProcessState
-from llmswap.router import BaseRouter, build_router
+from llmswap.router import Router, build_router
 from llmswap.server.inference.selectors import SelectorBook
 from llmswap.server.reload import apply_config
 from tests.helpers.demo import free_port, running_demo
@@ -146,7 +146,7 @@ async def test_a_selector_is_not_an_upstream_name(
         assert (await reply.json())["error"]["message"].startswith("model not found")
 
 
-def queue_bound_world(kind: str, tmp_path: Path) -> tuple[Config, BaseRouter | None]:
+def queue_bound_world(kind: str, tmp_path: Path) -> tuple[Config, Router | None]:
     """a and b able to run side by side, b never healthy while the test runs, two waiters per model at most:
     under the batch scheduler (group router), or under the vram router (fifo scheduler, a fake GPU)."""
     admission = AdmissionConfig(max_queue_per_model=2)

@@ -30,7 +30,7 @@ from llmswap.machine import FakeReader, GiB
 from llmswap.process.events import ProcessEvent
 from llmswap.router import build_router
 from llmswap.router.types import RouterEvent
-from llmswap.router.vram import VramRouter
+from llmswap.router.vram import VramPolicy
 from tests.helpers.models import demo_config
 from tests.helpers.wait import eventually
 from tests.integration.server.conftest import ServeConfig
@@ -81,8 +81,8 @@ async def run_both_types(
     gpu.mkdir()
     cfg = config(tmp_path, gpu, scheduler)
     router = build_router(cfg, reader=FakeReader(totals=(gpu_total,), gpu_dir=gpu))
-    assert isinstance(router, VramRouter)
-    router.sample_interval = 0
+    assert isinstance(router.policy, VramPolicy)
+    router.policy.sample_interval = 0
     residency = Residency()
     router.add_observer(residency)
     served = await serve_config(cfg, router=router)

@@ -13,8 +13,8 @@ from pathlib import Path
 from llmswap.config.model import Config, ModelConfig, RouterConfig, RoutingConfig, VramSettings
 from llmswap.machine import FakeReader, GiB
 from llmswap.process.state import ProcessState
-from llmswap.router import build_router
-from llmswap.router.vram import VramRouter, looks_like_oom
+from llmswap.router import Router, build_router
+from llmswap.router.vram import VramPolicy, looks_like_oom
 from tests.helpers.models import demo_config
 from tests.helpers.wait import eventually
 
@@ -29,20 +29,24 @@ def vram_config(tmp_path: Path, *models: ModelConfig, costs: dict[str, float] | 
     return Config(models={m.id: m for m in models}, routing=routing, state_dir=tmp_path / "state")
 
 
-def vram_router(config: Config, reader: FakeReader) -> VramRouter:
+def vram_router(config: Config, reader: FakeReader) -> Router:
     router = build_router(config, reader=reader)
-    assert isinstance(router, VramRouter)
-    router.sample_interval = 0  # sample at ready only: deterministic
+    vram_of(router).sample_interval = 0  # sample at ready only: deterministic
     router.start()
     return router
 
 
-async def use(router: VramRouter, name: str) -> None:
+def vram_of(router: Router) -> VramPolicy:
+    assert isinstance(router.policy, VramPolicy)
+    return router.policy
+
+
+async def use(router: Router, name: str) -> None:
     async with router.acquire(name) as process:
         assert process.state is ProcessState.READY
 
 
-def running(router: VramRouter) -> set[str]:
+def running(router: Router) -> set[str]:
     return {m for m, p in router.processes.items() if p.state is ProcessState.READY}
 
 
@@ -79,7 +83,7 @@ async def test_learned_footprint_raises_declaration_and_survives_restart(tmp_pat
     router = vram_router(config, reader)
     try:
         await use(router, "d")
-        assert router.book.footprint("d") == 3 * GiB
+        assert vram_of(router).book.footprint("d") == 3 * GiB
         assert router.model_extras("d")["vram"]["source"] == "learned"
     finally:
         await router.shutdown()
@@ -87,7 +91,7 @@ async def test_learned_footprint_raises_declaration_and_survives_restart(tmp_pat
 
     restarted = vram_router(config, FakeReader(totals=(5 * GiB,), gpu_dir=gpu))
     try:
-        assert restarted.book.footprint("d") == 3 * GiB  # remembered, not the declared 1 GiB
+        assert vram_of(restarted).book.footprint("d") == 3 * GiB  # remembered, not the declared 1 GiB
         await use(restarted, "e")
         await use(restarted, "d")  # 2 + 3 GiB fits 5 GiB exactly
         assert running(restarted) == {"d", "e"}
@@ -107,7 +111,7 @@ async def test_out_of_memory_start_evicts_idle_models_and_retries_once(tmp_path:
         await use(router, "y")
         await use(router, "x")  # first start dies with CUDA OOM; y is idle, so it is evicted and x retried
         assert running(router) == {"x"}
-        assert router.oom_retries == 1
+        assert vram_of(router).oom_retries == 1
         assert router.stats.evictions == {"y": 1}
         assert any("out of memory" in line for line in router.processes["x"].logs.history())
     finally:
@@ -132,9 +136,10 @@ async def test_without_per_process_readings_a_start_is_measured_by_the_devices_g
     router = vram_router(config, reader)
     try:
         await use(router, "low")
-        assert router.book.footprint("low") == 3 * GiB  # above the 1 GiB declared: the declaration was low
+        # Above the 1 GiB declared: the declaration was low.
+        assert vram_of(router).book.footprint("low") == 3 * GiB
         await use(router, "plain")
-        assert router.book.footprint("plain") == 2 * GiB
+        assert vram_of(router).book.footprint("plain") == 2 * GiB
         assert router.model_extras("plain")["vram"]["source"] == "learned"
     finally:
         await router.shutdown()
@@ -154,13 +159,13 @@ async def test_device_growth_is_not_learned_while_another_model_starts_too(tmp_p
         await eventually_starting(router, "slow")
         await use(router, "quick")
         await started
-        assert router.book.footprint("slow") == 1 * GiB
-        assert router.book.footprint("quick") == 1 * GiB
+        assert vram_of(router).book.footprint("slow") == 1 * GiB
+        assert vram_of(router).book.footprint("quick") == 1 * GiB
     finally:
         await router.shutdown()
 
 
-async def eventually_starting(router: VramRouter, name: str) -> None:
+async def eventually_starting(router: Router, name: str) -> None:
     async def starting() -> bool:
         return router.processes[name].state is ProcessState.STARTING
 
@@ -181,13 +186,13 @@ async def test_a_sleeping_model_holds_no_footprint_but_its_residue_counts(tmp_pa
         await use(router, "a")
         await use(router, "b")  # a (6 GiB) sleeps for b, keeping 3 GiB: 3 + 6 fit in 10
         assert router.processes["a"].state is ProcessState.SLEEPING
-        assert router.residues == {"a": {0: 3 * GiB}}
+        assert vram_of(router).residues == {"a": {0: 3 * GiB}}
         extras = router.router_extras()["vram"]["devices"]["GPU 0"]
         assert (extras["budget"], extras["in_use"], extras["asleep"]) == (10 * GiB, 9 * GiB, 3 * GiB)
         await use(router, "c")  # b + c = 8 would fit in 10, not beside a's 3: b goes
         assert running(router) == {"c"}
         await use(router, "a")  # a wakes: its residue is a footprint again
-        assert router.residues == {}
+        assert vram_of(router).residues == {}
         assert running(router) == {"a", "c"}
     finally:
         await router.shutdown()

@@ -18,8 +18,8 @@ from llmswap.config.model import (
     SchedulerConfig,
 )
 from llmswap.router import AcquireOptions, build_router
-from llmswap.router.base import BaseRouter
 from llmswap.router.handover import successor_router
+from llmswap.router.router import Router
 from llmswap.scheduler.errors import Preempted
 from llmswap.upstream import Dispatcher, UpstreamPool
 from tests.helpers.fake_process import FakeProcess, FakeScript, fake_factory
@@ -38,7 +38,7 @@ def config(*models: str, preempt_below: int | None = None) -> Config:
 class Setup:
     def __init__(self, cfg: Config) -> None:
         self.script = FakeScript()
-        self.router: BaseRouter = build_router(cfg, process_factory=fake_factory(self.script))
+        self.router: Router = build_router(cfg, process_factory=fake_factory(self.script))
         self.router.start()
         self.dispatcher = Dispatcher(UpstreamPool(), lambda: self.router)
 

@@ -7,8 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from llmswap.kvcache.disk import RESTORING, SaveFolder, all_saves, fingerprint, hold_bound
-from llmswap.kvcache.rates import KvRates
+from llmswap.kvcache.disk import SaveFolder, all_saves, fingerprint, hold_bound
 
 
 def write_save(folder: SaveFolder, slot: int, size: int, *, used: float | None = None,
@@ -140,12 +139,25 @@ def test_the_bound_never_deletes_a_save_being_restored(tmp_path: Path) -> None:
     code.prepare("b")
     restoring = write_save(chat, 0, 400, used=1_000)
     other = write_save(code, 0, 400, used=2_000)
-    RESTORING.add(restoring)
-    try:
-        hold_bound(tmp_path, 500)
-    finally:
-        RESTORING.discard(restoring)
+    hold_bound(tmp_path, 500, {restoring})
     assert restoring.exists() and not other.exists()
+
+
+def test_a_save_larger_than_the_bound_is_kept_while_a_restore_reads_it(tmp_path: Path) -> None:
+    chat = SaveFolder(tmp_path / "chat")
+    chat.prepare("a")
+    huge = write_save(chat, 0, 1_000, used=5_000)
+    assert hold_bound(tmp_path, 500, {huge}) == [] and huge.exists()
+    assert [save.path for save in hold_bound(tmp_path, 500)] == [huge]  # once read, it goes
+
+
+def test_clear_keeps_a_save_being_restored(tmp_path: Path) -> None:
+    chat = SaveFolder(tmp_path / "chat")
+    chat.prepare("a")
+    reading = write_save(chat, 0, 400, used=1_000)
+    idle = write_save(chat, 1, 400, used=2_000)
+    assert [save.path for save in chat.clear({reading})] == [idle]
+    assert reading.exists() and not idle.exists()
 
 
 def test_a_save_larger_than_the_bound_is_not_kept(tmp_path: Path) -> None:
@@ -182,13 +194,13 @@ def test_clear_deletes_every_save_and_says_how_much(tmp_path: Path) -> None:
 
 def test_the_keepers_fingerprint_leaves_the_port_out(tmp_path: Path) -> None:
     from llmswap.config.model import KvCacheSettings, ModelConfig
-    from llmswap.kvcache import KvKeeper
+    from llmswap.kvcache.keeper import KvKeeper, KvShared
 
     def keeper(port: int) -> KvKeeper:
         cmd = ("llama-server", "--port", str(port), "--slot-save-path", str(tmp_path / "kv" / "m"))
         config = ModelConfig(id="m", cmd=cmd, cmd_text=" ".join(cmd), port=port, kv_dir=tmp_path / "kv" / "m",
                              kv_cache=KvCacheSettings(dir=tmp_path / "kv"))
-        made = KvKeeper(config, KvRates())
+        made = KvKeeper(config, KvShared())
         made.prepare()
         return made
 

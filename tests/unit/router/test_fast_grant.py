@@ -12,7 +12,7 @@ from llmswap.config.model import BatchSettings, SchedulerConfig
 from llmswap.process.state import ProcessState
 from llmswap.router import AcquireOptions
 from llmswap.scheduler.errors import ConcurrencyLimit
-from tests.unit.router.test_base_router import config, make_router, serve_once, until
+from tests.unit.router.test_router import config, make_router, serve_once, until
 
 
 @pytest.mark.parametrize("use", ["fifo", "batch"])

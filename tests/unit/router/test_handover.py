@@ -15,8 +15,8 @@ import pytest
 from llmswap.config.model import Config, GroupConfig, ModelConfig, RouterConfig, RoutingConfig
 from llmswap.process.state import ProcessState
 from llmswap.router import AcquireOptions, build_router
-from llmswap.router.base import BaseRouter
 from llmswap.router.handover import adoptable, same_model, successor_router
+from llmswap.router.router import Router
 from llmswap.scheduler.errors import ConcurrencyLimit
 from tests.helpers import wait
 from tests.helpers.fake_process import FakeProcess, FakeScript, fake_factory
@@ -35,13 +35,13 @@ def model(mid: str, **overrides: object) -> ModelConfig:
     return dataclasses.replace(ModelConfig(id=mid, cmd=("serve", mid)), **overrides)
 
 
-def start(cfg: Config, script: FakeScript) -> BaseRouter:
+def start(cfg: Config, script: FakeScript) -> Router:
     router = build_router(cfg, process_factory=fake_factory(script))
     router.start()
     return router
 
 
-def reload(old: BaseRouter, cfg: Config, script: FakeScript) -> BaseRouter:
+def reload(old: Router, cfg: Config, script: FakeScript) -> Router:
     new = successor_router(old, cfg, process_factory=fake_factory(script))
     new.start()
     return new
@@ -52,19 +52,19 @@ async def until(predicate: Callable[[], bool], within: float = WITHIN) -> None:
     await wait.until(predicate, within=within, interval=0.001)
 
 
-async def hold(router: BaseRouter, mid: str, release: asyncio.Event, got: list[object]) -> None:
+async def hold(router: Router, mid: str, release: asyncio.Event, got: list[object]) -> None:
     async with router.acquire(mid) as process:
         got.append(process)
         await release.wait()
 
 
-async def serve(router: BaseRouter, mid: str) -> object:
+async def serve(router: Router, mid: str) -> object:
     async with router.acquire(mid) as process:
         assert process.state is ProcessState.READY
         return process
 
 
-async def finish(*routers: BaseRouter) -> None:
+async def finish(*routers: Router) -> None:
     for router in reversed(routers):
         if not router.closing:
             await router.shutdown(1.0)

@@ -1,4 +1,4 @@
-"""`BaseRouter.load_of`: what a request arriving now would meet, as selectors read it (fake processes)."""
+"""`Router.load_of`: what a request arriving now would meet, as selectors read it (fake processes)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import asyncio
 from llmswap.config.model import Config, GroupConfig, ModelConfig, RouterConfig, RoutingConfig
 from llmswap.process.state import ProcessState
 from llmswap.router import build_router
-from llmswap.router.base import BaseRouter
+from llmswap.router.router import Router
 from tests.helpers.fake_process import FakeScript, fake_factory
 
 
-def one_model(limit: int) -> BaseRouter:
+def one_model(limit: int) -> Router:
     models = {"b": ModelConfig(id="b", cmd=("true",), concurrency_limit=limit)}
     groups = {"(default)": GroupConfig("(default)", members=("b",))}
     config = Config(models=models, routing=RoutingConfig(router=RouterConfig(use="group", groups=groups)))
@@ -20,7 +20,7 @@ def one_model(limit: int) -> BaseRouter:
     return router
 
 
-async def hold(router: BaseRouter, release: asyncio.Event) -> None:
+async def hold(router: Router, release: asyncio.Event) -> None:
     async with router.acquire("b"):
         await release.wait()
 

@@ -213,7 +213,7 @@ class FakeEffects:
 
 
 def advance(sched: Scheduler, clock: ManualClock, seconds: float) -> int:
-    """Move the clock forward, firing the scheduler's timer at each deadline on the way as BaseRouter does.
+    """Move the clock forward, firing the scheduler's timer at each deadline on the way as Router does.
 
     Returns how many ticks fired.
     """

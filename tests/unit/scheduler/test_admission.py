@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from llmswap.config.model import DEFAULT_GROUP_ID, AdmissionConfig, BatchSettings, GroupConfig
+from llmswap.config.model import DEFAULT_GROUP_ID, AdmissionConfig, GroupConfig
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.admission import (
     REASON_CONCURRENCY,
@@ -27,6 +27,7 @@ from llmswap.scheduler.core import QueueScheduler
 from llmswap.scheduler.errors import ConcurrencyLimit, QueueFull, QueueTimeout, Shed
 from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.fifo import FifoScheduler
+from llmswap.scheduler.settings import QueueSettings
 from llmswap.scheduler.swappers.group import GroupSwapper
 from llmswap.scheduler.types import HandlerRequest, ServeDone, SwapDone
 from tests.unit.scheduler.fakes import FakeEffects, ManualClock, RequestFactory, advance
@@ -51,14 +52,14 @@ class World:
         self.requests = RequestFactory(self.clock)
         self.times = times or ServiceTimes(default_service=1.0, default_load=5.0)
         swapper = GroupSwapper({DEFAULT_GROUP_ID: GroupConfig(DEFAULT_GROUP_ID, members=tuple(models))})
-        common = dict(limits=limits or {}, clock=self.clock, admission=admission, key_limits=key_limits or {},
-                      times=self.times)
+        settings = QueueSettings(limits=limits or {}, priority=priority or {}, admission=admission,
+                                 key_limits=key_limits or {})
+        common = dict(settings=settings, clock=self.clock, times=self.times)
         self.sched: QueueScheduler
         if kind == "fifo":
-            self.sched = FifoScheduler("test", swapper, self.effects, priority=priority or {}, **common)
+            self.sched = FifoScheduler("test", swapper, self.effects, **common)
         else:
-            self.sched = BatchScheduler("test", swapper, self.effects,
-                                        settings=BatchSettings(priority=priority or {}), **common)
+            self.sched = BatchScheduler("test", swapper, self.effects, **common)
 
     def req(self, model: str, *, priority: int = 0, api_key: str | None = None) -> HandlerRequest:
         r = self.requests.make(model, priority=priority, api_key=api_key)

@@ -25,6 +25,7 @@ from llmswap.scheduler.batch import (
 from llmswap.scheduler.errors import ModelNotFound, ModelUnloaded, ShuttingDown, SwapFailed
 from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.idle import GRACE_DEFAULT, GRACE_MIN
+from llmswap.scheduler.settings import QueueSettings
 from llmswap.scheduler.swappers.group import GroupSwapper
 from llmswap.scheduler.types import HandlerRequest, ProcessStopped, Swapper, Unload
 from tests.unit.scheduler.fakes import FakeEffects, ManualClock, RequestFactory, ScriptedSwapper, advance
@@ -55,10 +56,11 @@ class World:
         self.clock = ManualClock()
         self.effects = FakeEffects(states)
         self.requests = RequestFactory(self.clock)
-        self.settings = BatchSettings(max_wait=max_wait, min_residency=min_residency, priority=priority or {})
+        self.settings = BatchSettings(max_wait=max_wait, min_residency=min_residency)
         self.sched = BatchScheduler(
-            "test", swapper or one_slot(list(states)), self.effects, limits=limits or {},
-            settings=self.settings, clock=self.clock,
+            "test", swapper or one_slot(list(states)), self.effects,
+            settings=QueueSettings(limits=limits or {}, priority=priority or {}), batch=self.settings,
+            clock=self.clock,
             times=ServiceTimes(default_service=1.0, default_load=LOAD),
             rates=ArrivalRates(default_closedness=1.0 if closed else DEFAULT_CLOSEDNESS),
         )

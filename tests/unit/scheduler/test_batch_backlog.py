@@ -42,7 +42,7 @@ class World:
         else:
             self.sched = BatchScheduler(
                 "test", swapper, self.effects, clock=self.clock,
-                settings=BatchSettings(max_wait=max_wait, min_residency=min_residency),
+                batch=BatchSettings(max_wait=max_wait, min_residency=min_residency),
                 times=ServiceTimes(default_service=1.0, default_load=LOAD),
                 rates=ArrivalRates(default_closedness=closedness),
             )

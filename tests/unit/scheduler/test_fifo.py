@@ -22,6 +22,7 @@ from llmswap.scheduler.errors import (
     SwapFailed,
 )
 from llmswap.scheduler.fifo import RULE_DRAIN, RULE_REQUEST, FifoScheduler
+from llmswap.scheduler.settings import QueueSettings
 from llmswap.scheduler.swappers.group import GroupSwapper
 from llmswap.scheduler.types import ProcessStopped, ServeDone, StopDone, SwapDone, Swapper, Unload
 from tests.unit.scheduler.fakes import FakeEffects, ManualClock, RequestFactory, ScriptedSwapper
@@ -50,8 +51,7 @@ class World:
             "test",
             self.swapper,
             self.effects,
-            limits=limits or {},
-            priority=priority or {},
+            settings=QueueSettings(limits=limits or {}, priority=priority or {}),
             clock=self.clock,
         )
 

@@ -23,6 +23,7 @@ from llmswap.scheduler.core import QueueScheduler
 from llmswap.scheduler.errors import ShuttingDown
 from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.fifo import FifoScheduler
+from llmswap.scheduler.settings import QueueSettings
 from llmswap.scheduler.swappers.group import GroupSwapper
 from llmswap.scheduler.types import HandlerRequest, Unload
 from tests.unit.scheduler.fakes import FakeEffects, ManualClock, RequestFactory, ScriptedSwapper, advance
@@ -44,13 +45,15 @@ class World:
         self.requests = RequestFactory(self.clock)
         self.swapper = swapper
         slot = GroupSwapper({DEFAULT_GROUP_ID: GroupConfig(DEFAULT_GROUP_ID, members=tuple(sorted(states)))})
-        common = dict(limits=limits or {}, key_limits=key_limits or {}, clock=self.clock,
-                      times=ServiceTimes(default_service=1.0, default_load=2.0), preempt_below=preempt_below,
+        settings = QueueSettings(limits=limits or {}, key_limits=key_limits or {},
+                                 preempt_below=preempt_below)
+        common = dict(settings=settings, clock=self.clock,
+                      times=ServiceTimes(default_service=1.0, default_load=2.0),
                       logger=logging.getLogger("test.grant_now"))
         self.sched: QueueScheduler
         if kind == "batch":
             self.sched = BatchScheduler("test", swapper or slot, self.effects,
-                                        settings=BatchSettings(max_wait=10.0, min_residency=0.0),
+                                        batch=BatchSettings(max_wait=10.0, min_residency=0.0),
                                         rates=ArrivalRates(default_closedness=1.0), **common)
         else:
             self.sched = FifoScheduler("test", swapper or slot, self.effects, **common)

@@ -20,6 +20,7 @@ from llmswap.scheduler.core import QueueScheduler
 from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.fifo import FifoScheduler
 from llmswap.scheduler.preemption import REASON_PRIORITY
+from llmswap.scheduler.settings import QueueSettings
 from llmswap.scheduler.swappers.group import GroupSwapper
 from llmswap.scheduler.types import HandlerRequest
 from tests.unit.scheduler.fakes import FakeEffects, ManualClock, RequestFactory
@@ -35,11 +36,12 @@ class World:
         self.requests = RequestFactory(self.clock)
         swapper = GroupSwapper({DEFAULT_GROUP_ID: GroupConfig(DEFAULT_GROUP_ID, members=MODELS)})
         common = dict(clock=self.clock, times=ServiceTimes(default_service=1.0, default_load=2.0),
-                      preempt_below=preempt_below, logger=logging.getLogger("test.preemption"))
+                      settings=QueueSettings(preempt_below=preempt_below),
+                      logger=logging.getLogger("test.preemption"))
         self.sched: QueueScheduler
         if kind == "batch":
             # A task worker is a closed loop: without preemption batch would hold `bg` for it.
-            self.sched = BatchScheduler("test", swapper, self.effects, settings=BatchSettings(),
+            self.sched = BatchScheduler("test", swapper, self.effects, batch=BatchSettings(),
                                         rates=ArrivalRates(default_closedness=1.0 if closed else 0.0),
                                         **common)
         else:

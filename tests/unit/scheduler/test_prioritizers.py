@@ -20,6 +20,7 @@ from llmswap.scheduler.errors import DeadlineMissed
 from llmswap.scheduler.estimates import ServiceTimes
 from llmswap.scheduler.fifo import FifoScheduler
 from llmswap.scheduler.prioritizers import Prioritizer
+from llmswap.scheduler.settings import QueueSettings
 from llmswap.scheduler.swappers.group import GroupSwapper
 from llmswap.scheduler.types import HandlerRequest
 from tests.unit.scheduler.fakes import FakeEffects, ManualClock, RequestFactory, advance
@@ -37,12 +38,13 @@ class World:
         times = ServiceTimes(default_service=1.0, default_load=2.0)
         for model, seconds in (loads or {}).items():
             times.observe_load(model, seconds)
-        common = dict(clock=self.clock, times=times, prioritizer=Prioritizer(prioritizer),
-                      on_deadline=on_deadline, logger=logging.getLogger("test.prioritizers"))
+        settings = QueueSettings(prioritizer=Prioritizer(prioritizer), on_deadline=on_deadline)
+        common = dict(clock=self.clock, times=times, settings=settings,
+                      logger=logging.getLogger("test.prioritizers"))
         self.sched: QueueScheduler
         if kind == "batch":
             # maxWait 0: batching never holds a model back here, so the queue order alone decides.
-            self.sched = BatchScheduler("test", swapper, self.effects, settings=BatchSettings(max_wait=0.0),
+            self.sched = BatchScheduler("test", swapper, self.effects, batch=BatchSettings(max_wait=0.0),
                                         rates=ArrivalRates(default_closedness=0.0), **common)
         else:
             self.sched = FifoScheduler("test", swapper, self.effects, **common)

@@ -1,4 +1,4 @@
-"""`routing.scheduler` → the scheduler BaseRouter gets: FIFO or batch, with admission and API-key limits."""
+"""`routing.scheduler` → the scheduler Router gets: FIFO or batch, with admission and API-key limits."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_batch_gets_its_settings_and_priorities():
     settings = BatchSettings(max_wait=12.0, min_residency=3.0, priority={"b": 7})
     sched, _, _ = build(SchedulerConfig(use="batch", batch=settings))
     assert isinstance(sched, BatchScheduler)
-    assert sched.settings == settings and sched.books.priority == {"b": 7}
+    assert sched.batch == settings and sched.books.priority == {"b": 7}
 
 
 @pytest.mark.parametrize("use", ["fifo", "batch"])

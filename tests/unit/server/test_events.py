@@ -14,11 +14,12 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from llmswap.config.model import Capabilities, Config, ModelConfig, PeerConfig
 from llmswap.process import ProcessEvent
-from llmswap.router import BaseRouter, SwapFinished, SwapStarted, build_router
+from llmswap.router import Router, SwapFinished, SwapStarted, build_router
 from llmswap.router.types import SwapPhase
 from llmswap.scheduler.errors import SwapFailed
 from llmswap.scheduler.types import SwapPlan
-from llmswap.server.inference.inflight import InflightTracker, note_relayed, redacted
+from llmswap.server.http.record import RequestRecord
+from llmswap.server.inference.inflight import InflightTracker, redacted
 from llmswap.server.observe import event_feed
 from llmswap.server.observe.event_feed import EventFeed
 from llmswap.server.observe.event_payloads import model_status
@@ -41,7 +42,7 @@ def model(model_id: str, **fields) -> ModelConfig:
     return ModelConfig(id=model_id, cmd=("serve", model_id), proxy="http://127.0.0.1:1", **fields)
 
 
-def router_for(*models: ModelConfig, **config_fields) -> BaseRouter:
+def router_for(*models: ModelConfig, **config_fields) -> Router:
     config = Config(models={m.id: m for m in models}, **config_fields)
     return build_router(config, process_factory=fake_factory(FakeScript()))
 
@@ -54,7 +55,7 @@ def feed_for(*models: ModelConfig, **options) -> tuple[ServerState, EventFeed]:
     return state, feed
 
 
-def tell(router: BaseRouter, *items: object) -> None:
+def tell(router: Router, *items: object) -> None:
     for item in items:
         for observer in router.observers:
             observer(item)
@@ -329,13 +330,14 @@ async def test_a_stream_gets_progress_of_a_request_begun_before_it_opened_only_o
     app = web.Application()
     headers = CIMultiDictProxy(CIMultiDict({"X-Real-IP": "203.0.113.7"}))
     request = client_request("POST", "/v1/chat/completions", headers, "127.0.0.1", app)
-    entry = feed.inflight.open(request, "a")
-    note_relayed(request, 100)
+    record = RequestRecord()
+    entry = feed.inflight.open(request, record, "a")
+    record.relayed(100)
     listener = feed.subscribe()
     assert [r["resp_bytes"] for r in feed.inflight_snapshot()["requests"]] == [100]
     feed.check_progress()
     assert drain(listener) == []  # the opening snapshot said 100 already
-    note_relayed(request, 50)
+    record.relayed(50)
     feed.check_progress()
     feed.inflight.close(entry)
     upsert, remove = of_type(drain(listener), "inflight")
@@ -343,7 +345,7 @@ async def test_a_stream_gets_progress_of_a_request_begun_before_it_opened_only_o
         "upsert", 150, "203.0.113.7")
     assert remove == {"operation": "remove", "id": entry.id}
     listener.close()
-    later = feed.inflight.open(request, "a")
+    later = feed.inflight.open(request, RequestRecord(), "a")
     feed.inflight.close(later)
     assert drain(feed.subscribe()) == []  # what happened while nobody listened is not replayed
     await feed.close()
@@ -356,7 +358,7 @@ def test_a_closed_inflight_entry_still_shows_the_client_address_it_had():
                               ({"X-Real-IP": " 203.0.113.7 "}, "203.0.113.7"), ({}, "192.0.2.5")):
         request = client_request("POST", "/v1/embeddings", CIMultiDictProxy(CIMultiDict(headers)),
                                  "192.0.2.5", app)
-        entry = tracker.open(request, "a", task=object())  # type: ignore[arg-type]
+        entry = tracker.open(request, RequestRecord(), "a", task=object())  # type: ignore[arg-type]
         shown_open = entry.as_dict(0.0)["remote_ip"]
         tracker.close(entry)
         assert (shown_open, entry.as_dict(0.0)["remote_ip"], entry.request) == (expected, expected, None)

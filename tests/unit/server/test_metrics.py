@@ -8,7 +8,7 @@ from llmswap import __version__
 from llmswap.config.model import Config, ModelConfig
 from llmswap.machine import FakeReader, GiB
 from llmswap.process import ProcessEvent
-from llmswap.router import BaseRouter, SwapFinished, SwapStarted, build_router
+from llmswap.router import Router, SwapFinished, SwapStarted, build_router
 from llmswap.scheduler.errors import SwapFailed
 from llmswap.scheduler.types import SwapPlan
 from llmswap.server.inference.websocket import OpenSockets
@@ -21,7 +21,7 @@ def model(model_id: str) -> ModelConfig:
     return ModelConfig(id=model_id, cmd=("serve", model_id), proxy="http://127.0.0.1:1")
 
 
-def router_for(*ids: str) -> BaseRouter:
+def router_for(*ids: str) -> Router:
     config = Config(models={mid: model(mid) for mid in ids})
     return build_router(config, process_factory=fake_factory(FakeScript()))
 
@@ -48,7 +48,7 @@ def value(metrics: ServerMetrics, metric: str, **labels: str) -> float | None:
     return samples(metrics).get((metric, tuple(sorted(labels.items()))))
 
 
-def tell(router: BaseRouter, *items: object) -> None:
+def tell(router: Router, *items: object) -> None:
     """Notify the router's observers, as its run loop and processes do."""
     for item in items:
         for observer in router.observers:

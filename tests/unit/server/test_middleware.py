@@ -8,12 +8,12 @@ import pytest
 
 from llmswap.server.http.middleware import (
     CLIENT_GONE,
-    AccessRecord,
     Answered,
     access_line,
     report,
     too_large_message,
 )
+from llmswap.server.http.record import RequestRecord
 
 
 def test_access_line_names_method_path_status_duration_and_model():
@@ -37,27 +37,27 @@ def test_body_limit_is_named_in_mib_when_it_is_whole():
 
 
 def test_access_line_splits_a_served_request_into_queue_load_ttfb_and_decode():
-    record = AccessRecord(model="qwen", waited=5.5, load=4.0, first_byte=5.75)
+    record = RequestRecord(model="qwen", waited=5.5, load=4.0, first_byte=5.75)
     line = access_line("::1", "POST", "/v1/chat/completions", 200, 7.0, "qwen", record)
     assert line.endswith(" model=qwen queue=1500.0ms load=4000.0ms ttfb=5750.0ms decode=1250.0ms")
 
 
 def test_access_line_names_the_swap_phases_it_waited_for_and_how_many_prompt_tokens_were_cached():
     phases = (("stop", 0.3), ("start", 1.18), ("restore", 0.02))
-    record = AccessRecord(model="chat", waited=1.5, load=1.5, first_byte=1.7, phases=phases, cached=1938)
+    record = RequestRecord(model="chat", waited=1.5, load=1.5, first_byte=1.7, phases=phases, cached=1938)
     line = access_line("::1", "POST", "/v1/chat/completions", 200, 1.8, "chat", record)
     assert line.endswith(" load=1500.0ms phases=stop:300.0ms,start:1180.0ms,restore:20.0ms ttfb=1700.0ms "
                          "decode=100.0ms cached=1938")
 
 
 def test_access_line_of_a_request_refused_before_its_first_byte_has_no_ttfb():
-    record = AccessRecord(model="qwen", waited=0.25)
+    record = RequestRecord(model="qwen", waited=0.25)
     line = access_line("::1", "POST", "/v1/chat/completions", 504, 1.0, "qwen", record)
     assert line.endswith(" model=qwen queue=250.0ms load=0.0ms")
 
 
 def test_access_line_never_shows_a_negative_queue_or_decode_time():
-    record = AccessRecord(model="qwen", waited=1.0, load=1.25, first_byte=2.5)
+    record = RequestRecord(model="qwen", waited=1.0, load=1.25, first_byte=2.5)
     line = access_line("::1", "POST", "/v1/chat/completions", 200, 2.0, "qwen", record)
     assert line.endswith(" model=qwen queue=0.0ms load=1250.0ms ttfb=2500.0ms decode=0.0ms")
 

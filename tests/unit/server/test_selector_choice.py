@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from llmswap.config.model import DEFAULT_GROUP_ID, AdmissionConfig, BatchSettings, GroupConfig, SelectorConfig
+from llmswap.config.model import DEFAULT_GROUP_ID, AdmissionConfig, GroupConfig, SelectorConfig
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.batch import BatchScheduler
+from llmswap.scheduler.settings import QueueSettings
 from llmswap.scheduler.swappers.group import GroupSwapper
 from llmswap.scheduler.types import ModelLoad
 from llmswap.server.inference.selectors import Choice, NoTarget, TargetView, choose
@@ -122,8 +123,8 @@ def batch_world(admission: AdmissionConfig, limits: dict[str, int] | None = None
     clock = ManualClock()
     effects = FakeEffects({"a": STOPPED, "b": STOPPED})
     swapper = GroupSwapper({DEFAULT_GROUP_ID: GroupConfig(DEFAULT_GROUP_ID, members=("a", "b"))})
-    sched = BatchScheduler("t", swapper, effects, limits=limits or {}, settings=BatchSettings(),
-                           clock=clock, admission=admission)
+    settings = QueueSettings(limits=limits or {}, admission=admission)
+    sched = BatchScheduler("t", swapper, effects, settings=settings, clock=clock)
     return sched, effects, RequestFactory(clock)
 
 

@@ -1,4 +1,4 @@
-"""BaseRouter mechanism with fake processes: run loop, grants, cancellation, unload, shutdown."""
+"""Router mechanism with fake processes: run loop, grants, cancellation, unload, shutdown."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from llmswap.config.model import Config, GroupConfig, ModelConfig, RouterConfig, RoutingConfig
 from llmswap.process.state import ProcessState
 from llmswap.router import AcquireOptions, build_router
-from llmswap.router.base import BaseRouter
+from llmswap.router.router import Router
 from llmswap.router.types import SwapFinished, SwapStarted
 from llmswap.scheduler.errors import ConcurrencyLimit, ModelNotFound, ModelUnloaded, ShuttingDown, SwapFailed
 from tests.helpers import wait
@@ -24,7 +24,7 @@ def config(*models: str, groups: dict[str, GroupConfig] | None = None, limit: in
     return Config(models=mcs, routing=RoutingConfig(router=RouterConfig(use="group", groups=groups)))
 
 
-def make_router(cfg: Config, script: FakeScript | None = None) -> tuple[BaseRouter, FakeScript]:
+def make_router(cfg: Config, script: FakeScript | None = None) -> tuple[Router, FakeScript]:
     script = script or FakeScript()
     router = build_router(cfg, process_factory=fake_factory(script))
     router.start()
@@ -36,13 +36,13 @@ async def until(predicate: Callable[[], bool], within: float = 10.0) -> None:
     await wait.until(predicate, within=within, interval=0.001)
 
 
-async def settle(router: BaseRouter) -> None:
+async def settle(router: Router) -> None:
     """Let freshly created request tasks post their events, then wait until the router handled them all."""
     await asyncio.sleep(0)
     await router.wait_idle()
 
 
-async def serve_once(router: BaseRouter, model: str, hold: asyncio.Event | None = None) -> str:
+async def serve_once(router: Router, model: str, hold: asyncio.Event | None = None) -> str:
     async with router.acquire(model) as process:
         assert process.state is ProcessState.READY
         if hold is not None:
@@ -162,17 +162,17 @@ async def test_grant_in_the_same_instant_as_cancel_releases_in_flight() -> None:
     router, _ = make_router(config("a", "b"))
     await serve_once(router, "a")
     waiter = asyncio.create_task(serve_once(router, "a"))
-    grant = router.grant_serve
+    grant = router.work.grant_serve
 
     def grant_then_cancel(req, model):  # type: ignore[no-untyped-def]
         granted = grant(req, model)
         waiter.cancel()  # in the same run-loop step: the waiter has not resumed yet
         return granted
 
-    router.grant_serve = grant_then_cancel  # type: ignore[method-assign]
+    router.work.grant_serve = grant_then_cancel  # type: ignore[method-assign]
     with pytest.raises(asyncio.CancelledError):
         await waiter
-    router.grant_serve = grant  # type: ignore[method-assign]
+    router.work.grant_serve = grant  # type: ignore[method-assign]
     await router.wait_idle()
     assert router.snapshot().in_flight == {}
     assert await serve_once(router, "b") == "b"  # a is evictable
@@ -241,7 +241,7 @@ async def test_a_backlog_that_grew_while_its_request_ran_keeps_the_model_for_the
 
 
 async def _serve_with_backlog(
-    router: BaseRouter, model: str, behind: list[int], hold: asyncio.Event | None
+    router: Router, model: str, behind: list[int], hold: asyncio.Event | None
 ) -> None:
     async with router.acquire(model, AcquireOptions(backlog=lambda: behind[0])):
         if hold is not None:

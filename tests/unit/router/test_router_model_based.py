@@ -1,4 +1,4 @@
-"""A randomized model-based test of BaseRouter + FIFO + swappers over fake processes.
+"""A randomized model-based test of Router + FIFO + swappers over fake processes.
 
 Random arrivals, client cancellations, admin unloads and failing starts. Checked: every start happens
 with a running set the swapper accepts (no rule violated at any instant), every request ends exactly
@@ -77,7 +77,7 @@ class Scenario:
         running = sorted(
             m for m, p in self.router.processes.items() if m != model and p.state.is_running
         )
-        swapper = self.router.swapper  # type: ignore[attr-defined]
+        swapper = self.router.policy.swapper
         if self.config.routing.router.use == "matrix":
             # Sets are not pairwise: the whole running set plus the newcomer must fit one combination.
             evict = swapper.evictions_for(model, running)
