@@ -27,7 +27,7 @@ from llmswap.config.model import ModelConfig
 from llmswap.router.router import Router
 from llmswap.router.types import NO_OPTIONS, AcquireOptions, ProcessLike, SwapPhase
 from llmswap.upstream.filters import apply_plan, local_plan
-from llmswap.upstream.forward import Buffer, Unreachable, forward
+from llmswap.upstream.forward import Buffer, Destination, Unreachable
 from llmswap.upstream.pool import Upstream, UpstreamPool
 
 log = logging.getLogger("llmswap.dispatch")
@@ -49,9 +49,10 @@ class Lease:
         return self.process.config
 
     @property
-    def response_header_timeout(self) -> float:
-        """`timeouts.responseHeader` of the model, seconds, 0 = no limit."""
-        return self.process.config.timeouts.response_header
+    def destination(self) -> Destination:
+        """The model's server, the pool's connections to it and its `timeouts`: where the request goes."""
+        config = self.process.config
+        return Destination(config.proxy, self.upstream, config.timeouts, f"models.{config.id}.timeouts")
 
 
 @dataclass(frozen=True)
@@ -152,9 +153,8 @@ class Dispatcher:
             buffer = Buffer()
             headers = CIMultiDict({"Content-Type": "application/json"})
             try:
-                await forward(lease.upstream, "POST", url, headers, data, buffer,
-                              header_timeout=lease.response_header_timeout, recording=recording,
-                              error_prefix=model)
+                await lease.destination.send("POST", url, headers, data, buffer, recording=recording,
+                                             error_prefix=model)
             except Unreachable as exc:
                 raise UpstreamUnreachable(exc.message) from exc
             if buffer.failure is not None:

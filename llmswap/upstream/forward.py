@@ -3,7 +3,9 @@ once.
 
 Every caller that talks to an upstream goes through `forward`: the HTTP routes (their sink is the client's
 streaming response, `llmswap.server.inference.proxy`), peers, `/upstream/...`, the task queue and the Batch
-API (`Dispatcher.post_json`, into a `Buffer`) and probes such as the context guardrail's `GET /props`.
+API (`Dispatcher.post_json`, into a `Buffer`) and probes such as the context guardrail's `GET /props`. A
+request to a model or a peer goes by its `Destination` (`Destination.send`): its base URL, the pool's
+connections to it and the `timeouts` that bound it, the same for every caller.
 
 What `forward` owns, so that no caller writes it again:
 - sending with the model's response-header limit and the watchdog's wall and idle bounds;
@@ -25,6 +27,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from llmswap.activity.recording import Recording
+from llmswap.config.model import Timeouts
 from llmswap.upstream.pool import Body, Upstream, send
 from llmswap.upstream.watchdog import Watchdog, WatchdogExpired
 
@@ -121,6 +124,26 @@ async def forward(
             answer.release()
         else:
             answer.close()
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where a request goes: a model's server or a peer (`base_url`), the pool's connections to it, and its
+    `timeouts` (`where` names them in messages: `models.qwen.timeouts`), applied alike to every request:
+    the response-header limit and the watchdog's wall and idle bounds."""
+
+    base_url: str
+    upstream: Upstream
+    timeouts: Timeouts
+    where: str
+
+    async def send(self, method: str, url: URL, headers: Mapping[str, str], body: Body | None, sink: Sink, *,
+                   recording: Recording | None = None, error_prefix: str = "upstream proxy error") -> bool:
+        """`forward` under this destination's timeouts (the watchdog starts now)."""
+        return await forward(self.upstream, method, url, headers, body, sink,
+                             header_timeout=self.timeouts.response_header,
+                             watchdog=Watchdog.of(self.where, self.timeouts), recording=recording,
+                             error_prefix=error_prefix)
 
 
 async def _guarded(watchdog: Watchdog | None, work: Awaitable[T]) -> T:

@@ -247,9 +247,7 @@ async def _to_model(
                                 on_granted=record.loaded)
         async with request.app[DISPATCHER].lease(model_id, asking) as lease:
             record.waited = lease.waited
-            return await proxy.forward(
-                request, base_url=lease.config.proxy, path=path, upstream=lease.upstream, body=body,
-                recording=recording, record=record,
-            )
+            return await proxy.forward(request, lease.destination, path=path, body=body, recording=recording,
+                                       record=record)
     except SchedulerError as err:
         return scheduler_error_response(request, err)

@@ -21,7 +21,7 @@ from llmswap.server.http.record import RequestRecord
 from llmswap.server.inference.placement import FORWARDED_HEADER
 from llmswap.server.inference.proxy import UPSTREAMS, Body, SseErrorFormatter, forward, openai_sse_error
 from llmswap.server.state import state
-from llmswap.upstream.watchdog import Watchdog
+from llmswap.upstream.forward import Destination
 
 CREDENTIAL_HEADERS = ("Authorization", "x-api-key")
 
@@ -100,22 +100,20 @@ async def forward_to_peer(
     `forwarded`: placed there by state (`placement.py`), marked so that the peer never forwards it again."""
     server = state(request)
     upstream = request.app[UPSTREAMS].upstream(f"peer:{peer.id}", peer.timeouts)
+    destination = Destination(peer.proxy, upstream, peer.timeouts, f"peers.{peer.id}.timeouts")
     extra, drop = peer_headers(peer, request.headers, llmswap_has_keys=bool(server.config.api_keys))
     if forwarded:
         extra[FORWARDED_HEADER] = "1"
     return await forward(
         request,
-        base_url=peer.proxy,
+        destination,
         path=path,
-        upstream=upstream,
         body=body,
         extra_headers=extra,
         drop_headers=drop,
         query=query,
-        response_header_timeout=peer.timeouts.response_header,
         error_prefix="peer proxy error",
         sse_error=sse_error,
-        watchdog=Watchdog.of(f"peers.{peer.id}.timeouts", peer.timeouts),
         recording=recording,
         record=record,
     )

@@ -21,10 +21,8 @@ from llmswap.activity.recording import Recording
 from llmswap.server.http.errors import error_body, error_response
 from llmswap.server.http.record import RequestRecord
 from llmswap.upstream import Dispatcher, UpstreamPool
-from llmswap.upstream.forward import Buffer, Unreachable
-from llmswap.upstream.forward import forward as relay
-from llmswap.upstream.pool import Body, Upstream
-from llmswap.upstream.watchdog import Watchdog
+from llmswap.upstream.forward import Buffer, Destination, Unreachable
+from llmswap.upstream.pool import Body
 
 log = logging.getLogger("llmswap.proxy")
 
@@ -132,45 +130,42 @@ def is_event_stream(content_type: str) -> bool:
 
 async def forward(
     request: web.Request,
+    destination: Destination,
     *,
-    base_url: str,
     path: str,
-    upstream: Upstream,
     body: Body | None = None,
     extra_headers: Mapping[str, str] | None = None,
     response: web.StreamResponse | None = None,
     query: str | None = None,
     drop_headers: Collection[str] = (),
-    response_header_timeout: float = 0.0,
     error_prefix: str = "upstream proxy error",
     sse_error: SseErrorFormatter = openai_sse_error,
-    watchdog: Watchdog | None = None,
     recording: Recording | None = None,
     record: RequestRecord | None = None,
 ) -> web.StreamResponse:
-    """Send `request` to `base_url` + `path` and relay the answer to its client as it arrives (the one
-    forwarder, `llmswap.upstream.forward`, into a `ClientSink`).
+    """Send `request` to `destination` + `path` and relay the answer to its client as it arrives (the one
+    forwarder, `llmswap.upstream.forward`, into a `ClientSink`, under the destination's timeouts).
 
     The method, the headers (see `outgoing_headers`) and the body (the client's bytes when `body` is None)
     go out; the status, headers and body come back unbuffered, event streams with `X-Accel-Buffering: no`.
     `query` replaces the client's raw query string; `drop_headers` are not forwarded. An upstream that
-    cannot be reached (or sends no headers within `response_header_timeout` s, 0 = no limit) → 502 in the
-    error envelope, `error_prefix: why` (504 when the watchdog stopped it).
+    cannot be reached (or sends no headers within its `timeouts.responseHeader`) → 502 in the error
+    envelope, `error_prefix: why` (504 when the watchdog stopped it).
 
     `response` is a response already sent to the client (a loading stream's 200): the upstream's body is
     written into it; its status and headers are lost, and an upstream error becomes an `sse_error` event.
-    `watchdog` bounds the whole answer and the gaps between its bytes; `recording` (activity) is told what
-    went out and came back; `record` (the request's) when the answer's head and each of its bytes went out.
+    `recording` (activity) is told what went out and came back; `record` (the request's) when the answer's
+    head and each of its bytes went out.
     """
     headers = outgoing_headers(request, extra_headers, drop_headers)
     if body is None:
         body = await request.read() if request.body_exists else None
-    url = upstream_url(base_url, path, request.rel_url.raw_query_string if query is None else query)
+    raw_query = request.rel_url.raw_query_string if query is None else query
+    url = upstream_url(destination.base_url, path, raw_query)
     sink = ClientSink(request, response, sse_error, record if record is not None else RequestRecord())
     try:
-        await relay(upstream, request.method, url, headers, body, sink,
-                    header_timeout=response_header_timeout, watchdog=watchdog, recording=recording,
-                    error_prefix=error_prefix)
+        await destination.send(request.method, url, headers, body, sink, recording=recording,
+                               error_prefix=error_prefix)
     except Unreachable as exc:
         log.warning("%s %s → %s: %s", request.method, request.path, url, exc.message)
         if response is not None and response.prepared:

@@ -53,7 +53,6 @@ from llmswap.server.inference.selectors import SELECTORS, NoTarget, SelectorHold
 from llmswap.server.observe.activity import begin_http
 from llmswap.server.state import request_api_key, state
 from llmswap.upstream.filters import FilterPlan, apply_plan, local_plan, plan_for
-from llmswap.upstream.watchdog import Watchdog
 
 PRIORITY_HEADER = "X-Priority"
 DEADLINE_HEADER = "X-Deadline-Ms"  # milliseconds after arrival by which the request should be served
@@ -333,15 +332,12 @@ async def _serve_local(
             await guardrails.learn_reported_context(request.app, lease.config, lease.upstream)
             return await forward(
                 request,
-                base_url=lease.config.proxy,
+                lease.destination,
                 path=incoming.route.upstream_path,
-                upstream=lease.upstream,
                 body=body,
                 response=loading_response,
                 query=incoming.query,
-                response_header_timeout=lease.response_header_timeout,
                 sse_error=incoming.dialect.error,
-                watchdog=Watchdog.of(f"models.{lease.config.id}.timeouts", lease.config.timeouts),
                 recording=recording,
                 record=record,
             )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import aiohttp
 
-from llmswap.config.model import Timeouts
+from llmswap.config.model import TasksConfig, TaskTypeConfig, Timeouts
 from tests.helpers.models import demo_config, exclusive_config
 from tests.helpers.wait import until
 from tests.integration.server.conftest import ServeConfig
@@ -60,3 +62,38 @@ async def test_a_non_streaming_answer_past_the_idle_timeout_is_504(
     async with http.post(served.at("/v1/chat/completions"), json=chat(50, stream=False)) as response:
         assert response.status == 504
         assert "models.m.timeouts.idle" in (await response.json())["error"]["message"]
+
+
+async def test_upstream_paths_of_a_model_are_bounded_by_its_timeouts_too(
+    serve_config: ServeConfig, http: aiohttp.ClientSession
+) -> None:
+    """`/upstream/<model>/...` goes to the model as the inference routes do: its watchdog applies."""
+    model = demo_config("m", "--tokens-per-second", "0.2", timeouts=Timeouts(idle=0.5))
+    served = await serve_config(exclusive_config(model))
+    path = "/upstream/m/v1/chat/completions"
+    async with http.post(served.at(path), json=chat(50, stream=False)) as response:
+        assert response.status == 504
+        assert "models.m.timeouts.idle" in (await response.json())["error"]["message"]
+
+
+async def test_a_task_past_its_models_idle_timeout_fails_saying_so(
+    tmp_path: Path, serve_config: ServeConfig, http: aiohttp.ClientSession
+) -> None:
+    """A task's request is bounded by its model's timeouts, as an HTTP request is: it fails, it does not
+    hold the model for as long as the upstream stays silent."""
+    model = demo_config("m", "--tokens-per-second", "0.2", timeouts=Timeouts(idle=0.5))
+    tasks = TasksConfig(db=tmp_path / "tasks.sqlite", types={"slow": TaskTypeConfig("slow", "m")})
+    served = await serve_config(dataclasses.replace(exclusive_config(model), tasks=tasks))
+    body = {"type": "slow", "params": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}}
+    async with http.post(served.at("/api/tasks"), json=body) as response:
+        assert response.status == 201, await response.text()
+        task_id = (await response.json())["id"]
+
+    async def failed() -> bool:
+        async with http.get(served.at(f"/api/tasks/{task_id}")) as response:
+            return (await response.json())["status"] == "failed"
+
+    await until(failed, what="the task failing on the idle timeout")
+    async with http.get(served.at(f"/api/tasks/{task_id}")) as response:
+        row = await response.json()
+    assert "models.m.timeouts.idle" in row["error"], row
