@@ -15,6 +15,9 @@ Rows and where they come from:
 - interleaved multi-model trace: bench.sim, the batch scheduler against FIFO on the same trace;
 - real llama.cpp upstream: bench.llamacpp, llama.cpp's llama-server on a generated GGUF model (the swap
   penalty of conversations is bench.swap_penalty, run on its own);
+- beside llama-swap: bench.beside_llama_swap, llmswap and llama-swap (its binary beside the repository) in
+  front of identical minimal upstreams: added latency p50/p99, 64 concurrent streams' chunks per second, and
+  llmswap's CPU per request against a bare aiohttp proxy's;
 - throughput under concurrency: bench.wrk_nginx, wrk against nginx directly and through llmswap at 1, 16, 64
   and 256 connections (nginx and wrk from Debian's packages, installed by the benchmark when missing).
 """
@@ -34,7 +37,7 @@ from pathlib import Path
 import aiohttp
 import psutil
 
-from bench import cold_start, proxy_overhead, recording_cost, wrk_nginx
+from bench import beside_llama_swap, cold_start, proxy_overhead, recording_cost, wrk_nginx
 from bench.launch import HOST, PeakRss, free_port, running_llmswap
 from bench.llamacpp import llama_cpp_tokens, llama_cpp_version
 from bench.proxy_overhead import Side
@@ -160,6 +163,11 @@ async def llama_rows(scale: Scale) -> list[Row]:
     return await llama_cpp_tokens(scale.llama_tokens, scale.llama_rounds)
 
 
+async def beside_rows(scale: Scale) -> list[Row]:
+    return await beside_llama_swap.measure(scale.latency_requests, beside_llama_swap.IN_FLIGHT,
+                                           scale.relay_tokens // 10, scale.wrk_rounds)
+
+
 async def wrk_rows(scale: Scale) -> list[Row]:
     if (reason := wrk_nginx.ensure_tools()) is not None:
         return [Row.skipped("wrk against nginx: throughput and latency under concurrency", reason)]
@@ -169,6 +177,7 @@ async def wrk_rows(scale: Scale) -> list[Row]:
 PARTS: list[tuple[str, Callable[[Scale], Awaitable[list[Row]]]]] = [
     ("cold starts", cold_start_rows),
     ("warm latency, throughput and memory", overhead_rows),
+    ("beside llama-swap: added latency, 64 streams, CPU per request", beside_rows),
     ("recording cost", recording_rows),
     ("streaming relay", relay_rows),
     ("interleaved trace (simulated)", trace_rows),
