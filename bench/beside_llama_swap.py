@@ -109,10 +109,19 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def cpu_round(http: aiohttp.ClientSession, side: Side, requests: int) -> None:
+    """`requests` whole chat completions, `IN_FLIGHT` at a time; the proxy's CPU time per request."""
     assert side.pid is not None
+    remaining = requests
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            await proxy_overhead.one_request(http, side.url)
+
     before = cpu_seconds(side.pid)
-    await proxy_overhead.throughput_phase(http, [side], requests, IN_FLIGHT)
-    side.cpu_per_request.append((cpu_seconds(side.pid) - before) / (requests * proxy_overhead.ROUNDS))
+    await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
+    side.cpu_per_request.append((cpu_seconds(side.pid) - before) / requests)
 
 
 async def measure(requests: int, streams: int, chunks: int, rounds: int) -> list[Row]:

@@ -131,18 +131,18 @@ class Router:
         try:
             await self.loop.stop()
             await self.work.wind_down()
-            grace = timeout if timeout is not None else 5.0
-            # A retired router no longer owns the processes its successor adopted: the successor stops them.
-            handed = self.succession.handed_away
-            await asyncio.gather(
-                *(p.shutdown(grace) for mid, p in self.processes.items() if mid not in handed),
-                return_exceptions=True,
-            )
-            await self.work.stopped()
-            if self.succession.incoming is not None:
-                await self.succession.incoming.shut_down_predecessors(timeout)
         finally:
-            await self.policy.end()
+            await self.policy.end()  # before the processes stop: the vram policy samples no dying one
+        grace = timeout if timeout is not None else 5.0
+        # A retired router no longer owns the processes its successor adopted: the successor stops them.
+        handed = self.succession.handed_away
+        await asyncio.gather(
+            *(p.shutdown(grace) for mid, p in self.processes.items() if mid not in handed),
+            return_exceptions=True,
+        )
+        await self.work.stopped()
+        if self.succession.incoming is not None:
+            await self.succession.incoming.shut_down_predecessors(timeout)
 
     @property
     def closing(self) -> bool:

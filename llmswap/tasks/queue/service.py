@@ -192,7 +192,8 @@ class TaskService:
         if tasks == self.tasks:
             return
         self.tasks = tasks
-        self._after(self.lanes.load(self.lanes.set_types(self._all_types(), tasks.max_queue_depth)))
+        if self._open.is_set():  # else the database's preparation loads the new types when it is done
+            self._after(self.lanes.load(self.lanes.set_types(self._all_types(), tasks.max_queue_depth)))
         if self.enabled:
             log.info("tasks: reconfigured: types %s, priority %d", sorted(tasks.types), tasks.priority)
 
