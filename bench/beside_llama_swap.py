@@ -24,12 +24,9 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +34,7 @@ import aiohttp
 import psutil
 
 from bench import proxy_overhead
-from bench.launch import HOST, REPO, find_llama_swap, free_port, running_llmswap, wait_answering
+from bench.launch import HOST, find_llama_swap, free_port, running_llmswap, running_process
 from bench.report import Row, markdown_table, ms, per_second, ratio
 from bench.report import machine as describe_machine
 
@@ -62,26 +59,6 @@ def upstream_command(port: int) -> str:
 
 def model_entry(port: int) -> dict[str, object]:
     return {"cmd": upstream_command(port), "proxy": f"http://{HOST}:{port}", "concurrencyLimit": 256}
-
-
-@asynccontextmanager
-async def running(command: list[str], ready: list[str], log: Path, name: str
-                  ) -> AsyncIterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,  # noqa: ASYNC220
-                                   stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
-    try:
-        await wait_answering(process, ready, name)
-        yield process
-    finally:
-        for child in psutil.Process(process.pid).children(recursive=True):
-            child.terminate()
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 async def one_stream(http: aiohttp.ClientSession, url: str, chunks: int) -> int:
@@ -136,8 +113,8 @@ async def measure(requests: int, streams: int, chunks: int, rounds: int) -> list
         async with running_llmswap(config, [f"{direct_url}/health"]) as server:
             bare_port = free_port()
             bare_url = f"http://{HOST}:{bare_port}"
-            async with running([sys.executable, "-m", "bench.bare_proxy", str(bare_port), direct_url],
-                               [f"{bare_url}/health"], folder / "bare.log", "bare proxy") as bare:
+            async with running_process([sys.executable, "-m", "bench.bare_proxy", str(bare_port), direct_url],
+                                       [f"{bare_url}/health"], folder / "bare.log") as bare:
                 direct = Side("direct to the upstream", direct_url)
                 llmswap = Side("llmswap", server.url, server.pid)
                 bare_side = Side("bare aiohttp proxy", bare_url, bare.pid)
@@ -151,8 +128,8 @@ async def measure(requests: int, streams: int, chunks: int, rounds: int) -> list
                                                    "hooks": {"on_startup": {"preload": [MODEL]}}}))
                 swap_url = f"http://{HOST}:{swap_port}"
                 command = [llama_swap, "-config", str(swap_config), "-listen", f"{HOST}:{swap_port}"]
-                async with running(command, [f"{swap_url}/health", f"http://{HOST}:{theirs}/health"],
-                                   folder / "llama-swap.log", "llama-swap") as swap:
+                async with running_process(command, [f"{swap_url}/health", f"http://{HOST}:{theirs}/health"],
+                                           folder / "llama-swap.log") as swap:
                     theirs_side = Side("llama-swap", swap_url, swap.pid)
                     return await _rounds([*sides, theirs_side], bare_side, theirs_side, requests, streams,
                                          chunks, rounds)

@@ -165,3 +165,27 @@ def find_llama_swap() -> str | None:
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
     return shutil.which("llama-swap")
+
+
+@contextlib.asynccontextmanager
+async def running_process(argv: Sequence[str], ready_urls: Sequence[str], log: Path, *, within: float = 120.0,
+                          ) -> AsyncIterator[subprocess.Popen[bytes]]:
+    """A server a benchmark sets beside llmswap (llama-swap, llama.cpp's router, a bare proxy), its output in
+    `log`, yielded once every one of `ready_urls` answers 200; stopped with whatever it started when the
+    block ends."""
+    with log.open("wb") as out:
+        process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out,  # noqa: ASYNC220
+                                   stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+    try:
+        await wait_answering(process, ready_urls, f"{Path(argv[0]).name} (its output: {log})", within=within)
+        yield process
+    finally:
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(process.pid).children(recursive=True):
+                child.terminate()
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -21,20 +21,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
-from bench.launch import HOST, find_llama_swap, free_port, running_llmswap, wait_answering
+from bench.launch import HOST, find_llama_swap, free_port, running_llmswap, running_process
 from bench.report import Row, markdown_table, ms, ratio
 from bench.report import machine as describe_machine
 
@@ -160,23 +158,6 @@ async def llmswap_side(folder: Path, binary: str, ggufs: dict[str, Path], turns:
                               "llmswap, kvCache on" if kv else "llmswap, kvCache off")
 
 
-@contextlib.asynccontextmanager
-async def running(argv: list[str], health: str, log: Path) -> AsyncIterator[None]:
-    with log.open("wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,  # noqa: ASYNC220
-                                   start_new_session=True)
-    try:
-        await wait_answering(process, [health], f"{Path(argv[0]).name} (its output: {log})", within=120)
-        yield
-    finally:
-        process.terminate()
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 async def router_side(folder: Path, binary: str, ggufs: dict[str, Path], turns: int, opening: int) -> Side:
     """llama.cpp's router: one llama-server that starts a child per model, at most one loaded."""
     models = folder / "router-models"
@@ -186,7 +167,7 @@ async def router_side(folder: Path, binary: str, ggufs: dict[str, Path], turns: 
     port = free_port()
     argv = [*server_argv(binary), "--port", str(port), "--models-dir", str(models), "--models-max", "1"]
     url = f"http://{HOST}:{port}"
-    async with running(argv, f"{url}/health", folder / "router.log"):
+    async with running_process(argv, [f"{url}/health"], folder / "router.log"):
         return await converse(url, list(ggufs), turns, opening, "llama.cpp router (--models-max 1)")
 
 
@@ -202,8 +183,8 @@ async def llama_swap_side(folder: Path, binary: str, ggufs: dict[str, Path], tur
     swap_config.write_text(json.dumps(document))
     port = free_port()
     url = f"http://{HOST}:{port}"
-    async with running([llama_swap, "--config", str(swap_config), "--listen", f"{HOST}:{port}"],
-                       f"{url}/health", folder / "llama-swap.log"):
+    async with running_process([llama_swap, "--config", str(swap_config), "--listen", f"{HOST}:{port}"],
+                               [f"{url}/health"], folder / "llama-swap.log"):
         return await converse(url, list(ggufs), turns, opening, "llama-swap")
 
 

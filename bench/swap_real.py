@@ -37,10 +37,10 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.launch import HOST, find_llama_swap, free_port, running_llmswap
+from bench.launch import HOST, find_llama_swap, free_port, running_llmswap, running_process
 from bench.report import Row, markdown_table, ms
 from bench.report import machine as describe_machine
-from bench.swap_penalty import Side, Turn, ask, running, server_argv, side_rows, words
+from bench.swap_penalty import Side, Turn, ask, server_argv, side_rows, words
 
 CONTEXT = 4096
 PHASES = ("drain", "save", "stop", "prefetch", "start", "restore", "wake")
@@ -144,7 +144,7 @@ async def router_system(folder: Path, binary: str, ggufs: dict[str, Path], turns
     url = f"http://{HOST}:{port}"
     system = System("llama.cpp router (--models-max 1)")
     argv = [*server_argv(binary), "--port", str(port), "--models-dir", str(models), "--models-max", "1"]
-    async with running(argv, f"{url}/health", folder / "router.log"):
+    async with running_process(argv, [f"{url}/health"], folder / "router.log"):
         await agents_talk(url, list(ggufs), turns, opening, system)
     return system
 
@@ -158,8 +158,8 @@ async def llama_swap_system(folder: Path, binary: str, ggufs: dict[str, Path], t
     port = free_port()
     url = f"http://{HOST}:{port}"
     system = System("llama-swap")
-    async with running([llama_swap, "--config", str(config), "--listen", f"{HOST}:{port}"], f"{url}/health",
-                       folder / "llama-swap.log"):
+    async with running_process([llama_swap, "--config", str(config), "--listen", f"{HOST}:{port}"],
+                               [f"{url}/health"], folder / "llama-swap.log"):
         await agents_talk(url, list(ggufs), turns, opening, system)
     return system
 
