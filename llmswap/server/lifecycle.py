@@ -39,6 +39,7 @@ from llmswap.server.app import create_app
 from llmswap.server.http.connections import DescriptorWarnings, Runner, raise_open_file_limit
 from llmswap.server.http.guard import is_loopback_listener
 from llmswap.server.inference.inflight import Cut
+from llmswap.server.loopwatch import watch_from_environment
 from llmswap.server.observe.logsetup import configure_logging
 from llmswap.server.reload import WATCH_INTERVAL, ConfigWatcher, ReloadOutcome, reload_from_sources
 from llmswap.server.services import Services, build_services
@@ -337,7 +338,12 @@ async def serve(options: ServeOptions, config: Config) -> int:
     server.install_signal_handlers()  # before starting: a signal during startup still stops cleanly
     await server.start()
     settle_garbage_collector()
-    return await server.run()
+    watch = watch_from_environment()  # LLMSWAP_LOOP_WATCH_MS: log callbacks that hold the loop
+    try:
+        return await server.run()
+    finally:
+        if watch is not None:
+            watch.uninstall()
 
 
 def run(options: ServeOptions, config: Config, *, event_loop: str = "asyncio") -> int:

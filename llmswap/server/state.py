@@ -10,12 +10,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
 from llmswap.config.model import ApiKey, Config
 from llmswap.process.logring import LogRing
 from llmswap.router.router import Router
+from llmswap.router.types import AcquireOptions
 
 
 @dataclass
@@ -68,6 +70,15 @@ def state(request: web.Request) -> ServerState:
 def request_api_key(request: web.Request) -> ApiKey | None:
     key = request.get(API_KEY)
     return key if isinstance(key, ApiKey) else None
+
+
+def request_options(request: web.Request, priority: int | None = None, **more: Any) -> AcquireOptions:
+    """How a client's request asks the router for its model: at `priority` (None: its API key's default,
+    else 0), as its API key (per-key limits), with `more` of `AcquireOptions` (callbacks, a deadline)."""
+    key = request_api_key(request)
+    if priority is None:
+        priority = key.priority if key is not None else 0
+    return AcquireOptions(priority=priority, api_key=key.key if key is not None else None, **more)
 
 
 class RingHandler(logging.Handler):

@@ -19,7 +19,6 @@ from aiohttp import web
 from llmswap import __version__
 from llmswap.config.model import Capabilities, Config, ModelConfig
 from llmswap.process.state import ProcessState
-from llmswap.router import AcquireOptions
 from llmswap.router.types import ProcessLike
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.scheduler.types import QueueSnapshot
@@ -31,7 +30,7 @@ from llmswap.server.inference.peers import peer_models
 from llmswap.server.inference.profiles import PROFILES, pin_records
 from llmswap.server.inference.selectors import selector_records
 from llmswap.server.observe.records import CAPABILITY_KEYS, plain, render_capabilities
-from llmswap.server.state import request_api_key, state
+from llmswap.server.state import request_options, state
 
 log = logging.getLogger("llmswap.admin")
 
@@ -242,11 +241,8 @@ async def load_model(request: web.Request) -> web.StreamResponse:
 
 async def _load(request: web.Request, model_id: str) -> web.StreamResponse:
     router = state(request).router
-    key = request_api_key(request)
     try:
-        asking = AcquireOptions(priority=key.priority if key is not None else 0,
-                                api_key=key.key if key is not None else None)
-        async with router.acquire(model_id, asking) as process:
+        async with router.acquire(model_id, request_options(request)) as process:
             last_start = process.last_start_duration
     except SchedulerError as err:
         return scheduler_error_response(request, err)

@@ -25,7 +25,6 @@ from aiohttp import web
 from llmswap.activity.recording import Recording
 from llmswap.config.model import Config, ModelConfig
 from llmswap.process.state import ProcessState
-from llmswap.router import AcquireOptions
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.server.http.connections import cancel_on_hangup, keep_on_hangup
 from llmswap.server.http.errors import error_response, scheduler_error_response
@@ -44,7 +43,7 @@ from llmswap.server.inference.routes import (
     request_priority,
 )
 from llmswap.server.observe.activity import begin_http
-from llmswap.server.state import request_api_key, state
+from llmswap.server.state import request_options, state
 
 PREFIX = "/upstream/"
 MODEL_ROUTES = frozenset((route.method, route.path) for route in ROUTES)
@@ -222,10 +221,9 @@ async def relay_socket(request: web.Request, target: UpstreamTarget, query: str,
         priority = request_priority(request)
     except MalformedRequest as exc:
         return error_response(request, 400, exc.message)
-    key = request_api_key(request)
     try:
         cancel_on_hangup(request)  # a client that hangs up while its request waits leaves the queue
-        asking = AcquireOptions(priority=priority, api_key=key.key if key is not None else None)
+        asking = request_options(request, priority)
         async with request.app[DISPATCHER].lease(target.model, asking) as lease:
             keep_on_hangup(request)  # the relay passes a client's close on to the upstream itself
             # The grant's config, not the one read above: a reload may have changed the model meanwhile.
@@ -240,11 +238,9 @@ async def _to_model(
     request: web.Request, record: RequestRecord, model_id: str, path: str, body: bytearray | None,
     priority: int, recording: Recording | None = None,
 ) -> web.StreamResponse:
-    key = request_api_key(request)
     try:
         # A client that hangs up while its request waits cancels the handler: it leaves the queue.
-        asking = AcquireOptions(priority=priority, api_key=key.key if key is not None else None,
-                                on_granted=record.loaded)
+        asking = request_options(request, priority, on_granted=record.loaded)
         async with request.app[DISPATCHER].lease(model_id, asking) as lease:
             record.waited = lease.waited
             return await proxy.forward(request, lease.destination, path=path, body=body, recording=recording,

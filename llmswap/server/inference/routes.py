@@ -21,7 +21,7 @@ from aiohttp import hdrs, web
 from llmswap.activity.recording import Recording
 from llmswap.config.model import ModelConfig, PeerConfig
 from llmswap.process.state import ProcessState
-from llmswap.router import AcquireOptions, Router
+from llmswap.router import Router
 from llmswap.router.types import ordered_phases
 from llmswap.scheduler.errors import Preempted, SchedulerError
 from llmswap.server.http import middleware
@@ -51,7 +51,7 @@ from llmswap.server.inference.resolve import (
 )
 from llmswap.server.inference.selectors import SELECTORS, NoTarget, SelectorHold
 from llmswap.server.observe.activity import begin_http
-from llmswap.server.state import request_api_key, state
+from llmswap.server.state import request_api_key, request_options, state
 from llmswap.upstream.filters import FilterPlan, apply_plan, local_plan, plan_for
 
 PRIORITY_HEADER = "X-Priority"
@@ -314,11 +314,10 @@ async def _serve_local(
     refusal = guardrails.over_context(request.app, model, found.document)
     if refusal is not None:  # issue 16: refused before it waits, and no model is loaded for it
         return error_response(request, 400, refusal, code="context_length_exceeded", param="messages")
-    key = request_api_key(request)
     try:
-        asking = AcquireOptions(
-            priority=incoming.priority,
-            api_key=key.key if key is not None else None,
+        asking = request_options(
+            request,
+            incoming.priority,
             deadline_ms=incoming.deadline_ms or model.deadline_ms or None,
             on_admitted=on_admitted,
             on_position=on_position,
