@@ -144,7 +144,7 @@ class SwapWork(Effects):
         state = process.state
         if self.succession.incoming is not None:
             state = self._visible_state(model, state)
-        return self.policy.state_of(model, state)
+        return self.policy.state_of(model, state) if self.policy.adjusts else state
 
     def running_models(self) -> Mapping[str, ProcessState]:
         if self.succession.incoming is None:  # every state is as the process says (the hot path)
@@ -152,7 +152,7 @@ class SwapWork(Effects):
         else:
             states = {mid: self._visible_state(mid, p.state) for mid, p in self.processes.items()}
             running = {mid: state for mid, state in states.items() if state in RUNNING}
-        return self.policy.adjust_running(running)
+        return self.policy.adjust_running(running) if self.policy.adjusts else running
 
     def inherited_in_flight(self, model: str) -> int:
         return self.succession.inherited_in_flight(model)
@@ -174,7 +174,8 @@ class SwapWork(Effects):
         if load is not None and load[1] >= req.arrived:  # its model finished loading while it waited
             waiter.load = load[1] - max(load[0], req.arrived)
             waiter.phases = self._load_phases.get(model, ())
-        self.policy.granted(model)
+        if self.policy.adjusts:
+            self.policy.granted(model)
         return True
 
     def grant_error(self, req: HandlerRequest, err: SchedulerError) -> None:

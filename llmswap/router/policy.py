@@ -32,6 +32,10 @@ class RouterParts:
 class RouterPolicy:
     """The plain policy (group and matrix routers): the swapper decides, nothing is added to a swap."""
 
+    # Whether `state_of`, `adjust_running` and `granted` do anything: the plain policy's do not, and the
+    # router skips them on a warm request's path.
+    adjusts = False
+
     def __init__(self, name: str, swapper: Swapper) -> None:
         self.name = name
         self.swapper = swapper

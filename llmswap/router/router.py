@@ -333,6 +333,7 @@ class Router:
             outgoing.successor.on_process_event(event)  # the process is the successor's now
             return
         self.policy.process_event(event)
+        self.scheduler.world_changed()  # its state changed: the express lane must look again
         # Stops the scheduler asked for come back as SwapDone/StopDone; only the others need telling.
         if event.stopped_by_itself:
             unexpected = event.kind == "exited"

@@ -64,6 +64,8 @@ def looks_like_oom(text: str) -> bool:
 
 
 class VramPolicy(RouterPolicy):
+    adjusts = True  # a model being evicted to make room shows as stopping; grants mark models used
+
     def __init__(
         self,
         config: Config,

@@ -88,6 +88,7 @@ class BatchScheduler(QueueScheduler):
     """Implements `Scheduler` with swap-aware batching. Every method runs on the router's run loop."""
 
     kind = "batch"
+    express_lane = False  # it re-plans after every grant and learns from every arrival
 
     def __init__(
         self,

@@ -122,6 +122,24 @@ class Books:
         """Whether a swap in progress stops `model` to make room."""
         return any(model in swap.evict for swap in self.active.values())
 
+    def calm(self) -> bool:
+        """Nothing queued, loading, draining, unloading or preempted, and not shut down: no placement is
+        pending, so a ready model's verdict (`decide`) changes only with an event (the express lane)."""
+        if self.queue or self.active or self.draining or self.stopping or self.shutdown is not None:
+            return False
+        return self.preemption.bound is None or self.preemption.idle()
+
+    def has_room(self, req: HandlerRequest) -> bool:
+        """Whether `req` is within its model's concurrencyLimit and its API key's maxConcurrent (the
+        express lane's part of `intake.limit_refusal`: no reload's requests count there)."""
+        if self.reserved.get(req.model, 0) >= self.limit(req.model):
+            return False
+        key = req.api_key
+        if key is None:
+            return True
+        key_limit = self.admission.key_limit(key)
+        return key_limit is None or self.key_reserved.get(key, 0) < key_limit
+
     def unloading(self, model: str) -> bool:
         """Whether an unload of `model` has not finished stopping it."""
         return bool(self.stopping.get(model))
@@ -375,12 +393,14 @@ class Books:
 
     def reserve(self, req: HandlerRequest) -> None:
         self.reserved[req.model] = self.reserved.get(req.model, 0) + 1
-        if self.admission.key_limit(req.api_key) is not None and req.api_key is not None:
+        if req.api_key is not None and self.admission.key_limit(req.api_key) is not None:
             self.key_reserved[req.api_key] = self.key_reserved.get(req.api_key, 0) + 1
 
     def release(self, req: HandlerRequest) -> None:
-        self.deadlines.forget(req)
-        self.preemption.ended(req)
+        if req.deadline is not None:  # only a request with a deadline is ever counted late
+            self.deadlines.forget(req)
+        if self.preemption.bound is not None:  # nothing is preempted without preemptBelow
+            self.preemption.ended(req)
         _decrement(self.reserved, req.model, self.name)
         if req.api_key is not None and req.api_key in self.key_reserved:
             _decrement(self.key_reserved, req.api_key, self.name)

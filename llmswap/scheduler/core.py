@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 
+from llmswap.process.state import ProcessState
 from llmswap.scheduler.admission import REASON_SHED, REASON_TIMEOUT, SchedulerStats
 from llmswap.scheduler.books import Books
 from llmswap.scheduler.decision import ActiveSwap
@@ -64,6 +65,10 @@ class QueueScheduler(ABC):
         self._log = logger or logging.getLogger(f"llmswap.scheduler.{self.kind}.{name}")
         self.books = Books(name, swapper, effects, settings, clock=clock, log=self._log, times=times,
                            holds=self._holds)
+        # The express lane (`try_grant_now`): models a plain request was found granted at once for, kept
+        # while nothing the finding depends on can have changed. Every event handled here drops them (see
+        # `_events_change_verdicts`), and so does `world_changed` (a process changed state on its own).
+        self._express: set[str] = set()
 
     @property
     def times(self) -> ServiceTimes:
@@ -89,6 +94,9 @@ class QueueScheduler(ABC):
         """Whether a ready `model` must not take new requests right now (it is making room)."""
         return False
 
+    # Whether the express lane may keep its verdicts at all: the batch policy re-plans after every grant.
+    express_lane = True
+
     def _may_skip_queue(self, model: str) -> bool:
         """Whether a request for `model` may be granted without the policy re-reading its queue: by default
         only while nothing is queued and nothing is preempted (batch re-reads both after every grant)."""
@@ -113,6 +121,7 @@ class QueueScheduler(ABC):
     # ----------------------------------------------------------------------------- events
 
     def on_request(self, req: HandlerRequest) -> None:
+        self._express.clear()
         if self.books.shutdown is not None:
             self._effects.grant_error(req, self.books.shutdown)
             return
@@ -143,8 +152,22 @@ class QueueScheduler(ABC):
         The router's fast path (`RequestDesk.grant_now`), asked only while no event waits in its queue: True
         when `req` was taken here exactly as `on_request` would have taken it (same counts, same `Effects`
         calls: admitted and granted, or released if its client had gone); False when the scheduler changed
-        nothing and `req` must go through `on_request` (`intake.grants_at_once` decides)."""
-        if not grants_at_once(self.books, req, self._may_skip_queue):
+        nothing and `req` must go through `on_request` (`intake.grants_at_once` decides).
+
+        The express lane: once `grants_at_once` said yes for a model while the books were calm (nothing
+        queued, loading, draining, unloading or preempted; no reload's requests still counted), the next
+        request for it needs only what changes from one request to the next: its model still ready, and
+        its concurrency limits. The calm can only end with an event, which drops the verdict."""
+        books = self.books
+        model = req.model
+        if model in self._express and req.deadline is None and \
+                self._effects.model_state(model) is ProcessState.READY:
+            if not books.has_room(req):
+                return False
+        elif grants_at_once(books, req, self._may_skip_queue):
+            if self.express_lane and books.calm() and not self._effects.inherited_in_flight(model):
+                self._express.add(model)
+        else:
             return False
         self._arrived(req)
         self.books.reserve(req)
@@ -155,11 +178,13 @@ class QueueScheduler(ABC):
         return True
 
     def on_cancel(self, req: HandlerRequest) -> None:
+        self._express.clear()
         if self.books.remove_waiter(req):
             self.books.release(req)
             self._after_removal()
 
     def on_swap_done(self, ev: SwapDone) -> None:
+        self._express.clear()
         swap = self.books.end_swap(ev.model)
         if ev.error is None:
             self.books.times.observe_load(ev.model, ev.duration)
@@ -173,6 +198,11 @@ class QueueScheduler(ABC):
         self._drain()
 
     def on_serve_done(self, ev: ServeDone) -> None:
+        # Calm books (nothing queued, loading, held or preempted): the end of a request can unblock nothing,
+        # so the express lane keeps its verdicts and the queue is not re-read (it would do nothing).
+        calm = self.express_lane and self.books.calm()
+        if not calm:
+            self._express.clear()
         backlog = ev.request.backlog if ev.backlog is None else ev.backlog
         emptied = self.books.served(ev.request, ev.model, backlog)
         if emptied is None:
@@ -180,10 +210,16 @@ class QueueScheduler(ABC):
                               self.name, ev.model)
             return
         self._finished(ev.model)
-        if emptied:  # still serving otherwise: nothing it blocked can move yet
+        if emptied and not calm:  # still serving otherwise: nothing it blocked can move yet
             self._drain()
 
+    def world_changed(self) -> None:
+        """Something the scheduler reads changed outside its events (a process changed state on its own):
+        drop the express lane's verdicts."""
+        self._express.clear()
+
     def on_unload(self, ev: Unload) -> None:
+        self._express.clear()
         self.books.unload(ev.models, ModelUnloaded(f"{self.name}: model unloaded"))
         # In-flight counts stay: the killed requests' handlers still post their ServeDone.
         self._effects.stop_processes(tuple(ev.models), ev.timeout)
@@ -191,14 +227,17 @@ class QueueScheduler(ABC):
         self.books.publish_positions()
 
     def on_stop_done(self, ev: StopDone) -> None:
+        self._express.clear()
         self.books.stopped(ev.models)
         self._drain()
 
     def on_process_stopped(self, ev: ProcessStopped) -> None:
+        self._express.clear()
         self._drain()  # the running set shrank under us: evictions may have become unnecessary
 
     def on_tick(self) -> None:
         """Time passed: answer waiters whose queueTimeout ran out, then let the policy re-decide."""
+        self._express.clear()
         books = self.books
         if books.shutdown is not None:
             return
@@ -232,6 +271,7 @@ class QueueScheduler(ABC):
         return min(times) if times else None
 
     def on_shutdown(self, err: SchedulerError) -> None:
+        self._express.clear()
         self.books.close(err)
 
     def snapshot(self) -> QueueSnapshot:

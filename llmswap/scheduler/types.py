@@ -162,6 +162,9 @@ class Scheduler(Protocol):
         """Grant `req` at once, as `on_request` would, when that is all `on_request` would do (its model
         ready and free, within every limit, nothing queued that comes first); False: nothing changed, and
         `req` must go through `on_request`. Asked only when no other event is pending before it."""
+    def world_changed(self) -> None:
+        """A process changed state on its own (outside the scheduler's events): drop whatever was
+        concluded from the old state (`try_grant_now`'s verdicts)."""
     def on_cancel(self, req: HandlerRequest) -> None: ...
     def on_swap_done(self, ev: SwapDone) -> None: ...
     def on_serve_done(self, ev: ServeDone) -> None: ...

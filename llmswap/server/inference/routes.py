@@ -119,8 +119,10 @@ def setup(app: web.Application) -> None:
 
 
 def _handler(route: InferenceRoute) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    dialect = dialect_for(route.path)
+
     async def handle(request: web.Request) -> web.StreamResponse:
-        return await serve(request, route)
+        return await serve(request, route, dialect)
 
     handle.__name__ = f"proxy {route.path}"
     return handle
@@ -197,7 +199,7 @@ class InferenceRequest:
     deadline_ms: float | None = None  # header or API key; the model's default is applied when served
 
 
-async def serve(request: web.Request, route: InferenceRoute) -> web.StreamResponse:
+async def serve(request: web.Request, route: InferenceRoute, dialect: StreamDialect) -> web.StreamResponse:
     record = request_record(request)  # handed down from here: each fact is written where it is known
     server = state(request)
     # Read once, together: a reload while this request waits must not pair one config with another router.
@@ -232,11 +234,11 @@ async def serve(request: web.Request, route: InferenceRoute) -> web.StreamRespon
         found, raw = renamed(found, raw, lease.target)
     renamed_query = found.source == "query" and found.model != asked_for
     query = query_with_model(request, found.model) if renamed_query else None
-    incoming = InferenceRequest(route, found, raw, priority, dialect_for(route.path), query, deadline_ms)
+    incoming = InferenceRequest(route, found, raw, priority, dialect, query, deadline_ms)
     try:
         real = config.real_model_name(found.model)
         if real is not None:
-            placed = placement_for(request, real)
+            placed = placement_for(request, real) if config.peers else None  # only peers place elsewhere
             if placed is not None:
                 record.placed = placed.reason
             if placed is not None and placed.host:  # another llmswap serves it better (placement.py)

@@ -272,3 +272,92 @@ def test_grant_now_keeps_a_busy_model_from_being_evicted(kind: str) -> None:
     w.effects.finish_serving(w.sched, served)
     advance(w.sched, w.clock, 10.0)  # batch: b's maxWait (FIFO swaps at once)
     assert w.effects.last_start("b") is not None and w.effects.last_start("b").evict == ("a",)
+
+
+class CountingSwapper(ScriptedSwapper):
+    """A ScriptedSwapper that counts how often placement asks it (the express lane does not)."""
+
+    def __init__(self, evict: Mapping[str, Sequence[str]] | None = None) -> None:
+        super().__init__(evict)
+        self.asked = 0
+
+    def evictions_for(self, target: str, running: Sequence[str]) -> list[str]:
+        self.asked += 1
+        return super().evictions_for(target, running)
+
+
+def test_express_lane_serves_a_run_of_requests_exactly_as_on_request() -> None:
+    # Twenty sequential requests, then twenty overlapping ones: the fast world takes each through
+    # try_grant_now, its twin through on_request; the Effects calls and the books agree throughout.
+    fast = World("fifo", {"a": READY, "b": STOPPED}, limits={"a": 4})
+    slow = World("fifo", {"a": READY, "b": STOPPED}, limits={"a": 4})
+    held: list[tuple[HandlerRequest, HandlerRequest]] = []
+    for index in range(40):
+        r_fast, r_slow = fast.requests.make("a"), slow.requests.make("a")
+        took = fast.sched.try_grant_now(r_fast)
+        if not took:
+            fast.sched.on_request(r_fast)
+        slow.sched.on_request(r_slow)
+        held.append((r_fast, r_slow))
+        if index < 20 or len(held) > 3:
+            done_fast, done_slow = held.pop(0)
+            for world, req in ((fast, done_fast), (slow, done_slow)):
+                world.clock.advance(0.25)
+                world.effects.finish_serving(world.sched, req)
+        assert fast.trace() == slow.trace()
+        assert fast.books() == slow.books()
+    assert all(fast.effects.was_served(r) for r, _ in held)
+
+
+def test_express_lane_asks_the_swapper_once_while_nothing_happens() -> None:
+    swapper = CountingSwapper({"b": ["a"]})
+    w = World("fifo", {"a": READY, "b": STOPPED}, swapper=swapper)
+    for _ in range(5):
+        req = w.requests.make("a")
+        assert w.sched.try_grant_now(req)
+        w.effects.finish_serving(w.sched, req)
+    assert swapper.asked == 1, "the verdict is kept from one request to the next"
+    w.sched.on_request(w.requests.make("b"))  # an event: a swap to b is decided
+    assert not w.sched.try_grant_now(w.requests.make("a")), "a swap evicting a is under way"
+
+
+def test_express_lane_looks_again_when_its_model_stops_without_an_event() -> None:
+    w = World("fifo", {"a": READY, "b": STOPPED})
+    first = w.requests.make("a")
+    assert w.sched.try_grant_now(first)
+    w.effects.finish_serving(w.sched, first)
+    w.effects.states["a"] = STOPPED  # the process died; its ProcessStopped is not handled yet
+    assert not w.sched.try_grant_now(w.requests.make("a"))
+
+
+def test_express_lane_verdict_is_dropped_when_the_world_changes() -> None:
+    swapper = CountingSwapper()
+    w = World("fifo", {"a": READY, "b": READY}, swapper=swapper)
+    first = w.requests.make("a")
+    assert w.sched.try_grant_now(first)
+    w.effects.finish_serving(w.sched, first)
+    swapper.evict["a"] = ["b"]  # what a process's change of state can do to the swapper's answer
+    w.sched.world_changed()
+    assert not w.sched.try_grant_now(w.requests.make("a")), "a must evict b now: the queue decides"
+
+
+def test_express_lane_keeps_every_limit() -> None:
+    w = World("fifo", {"a": READY, "b": STOPPED}, limits={"a": 1}, key_limits={"k": 1})
+    first = w.requests.make("a")
+    assert w.sched.try_grant_now(first)
+    assert not w.sched.try_grant_now(w.requests.make("a")), "concurrencyLimit 1, one in flight"
+    w.effects.finish_serving(w.sched, first)
+    keyed = w.requests.make("a", api_key="k")
+    assert w.sched.try_grant_now(keyed)
+    w2 = World("fifo", {"a": READY, "b": STOPPED}, limits={"a": 5}, key_limits={"k": 1})
+    assert w2.sched.try_grant_now(w2.requests.make("a", api_key="k"))
+    assert not w2.sched.try_grant_now(w2.requests.make("a", api_key="k")), "the key's maxConcurrent is 1"
+    assert w2.sched.try_grant_now(w2.requests.make("a")), "another key, or none, still has room"
+
+
+def test_express_lane_leaves_deadlines_to_the_queue() -> None:
+    w = World("fifo", {"a": READY, "b": STOPPED})
+    first = w.requests.make("a")
+    assert w.sched.try_grant_now(first)
+    w.effects.finish_serving(w.sched, first)
+    assert not w.sched.try_grant_now(w.requests.make("a", deadline_in=5.0))
