@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from aiohttp import web
@@ -34,12 +36,26 @@ class ProfileChanged:
     active: str | None
 
 
-@dataclass
-class ActiveProfile:
-    """The active profile of one config (a reload replaces this object, so none is active after it)."""
+NO_PINS: Mapping[str, str] = MappingProxyType({})
 
-    config: Config
-    name: str | None = None
+
+class ActiveProfile:
+    """The active profile of one config (a reload replaces this object, so none is active after it).
+
+    `pins` maps a requested name to its pinned target ("" = disabled): every request reads it as its model
+    is resolved, so it is kept ready rather than looked up through the profile each time."""
+
+    def __init__(self, config: Config, name: str | None = None) -> None:
+        self.config = config
+        self.name: str | None = None
+        self.pins: Mapping[str, str] = NO_PINS
+        self.switch(name)
+
+    def switch(self, name: str | None) -> None:
+        """Make `name` (a profile of this config, or None) the active one."""
+        self.name = name
+        profile = self.profile
+        self.pins = profile.pins if profile is not None else NO_PINS
 
     @property
     def profile(self) -> ProfileConfig | None:
@@ -47,8 +63,7 @@ class ActiveProfile:
 
     def pin(self, requested: str) -> str | None:
         """The target the active profile pins `requested` to ("" = disabled), or None when not pinned."""
-        profile = self.profile
-        return profile.pins.get(requested) if profile is not None else None
+        return self.pins.get(requested)
 
 
 class Profiles:
@@ -104,7 +119,7 @@ async def set_active(request: web.Request) -> web.Response:
     if wanted is not None and wanted not in current.config.profiles:
         return error_response(request, 404, f'profile "{wanted}" not found')
     if wanted != current.name:
-        current.name = wanted
+        current.switch(wanted)
         log.info("active profile changed to %s", json.dumps(wanted))
         request.app[FEED].publish(ProfileChanged(wanted))
     return web.json_response({"active": current.name})

@@ -219,7 +219,7 @@ async def serve(request: web.Request, route: InferenceRoute, dialect: StreamDial
     # Profile pins, then selectors, rename the model where the client put it: what follows (aliases,
     # filters, useModelName, peers, the router) sees the new name as if the client had sent it.
     asked_for = found.model
-    pinned = request.app[PROFILES].active.pin(found.model) if found.model else None
+    pinned = request.app[PROFILES].active.pins.get(found.model) if found.model else None
     if pinned is not None:
         found, raw = renamed(found, raw, pinned)
     if not found.model:

@@ -97,3 +97,20 @@ async def test_a_request_ending_behind_a_posted_event_posts_its_end_behind_it() 
     await router.wait_idle()
     assert router.snapshot().in_flight == {}
     await router.shutdown()
+
+
+async def test_a_model_stopped_behind_the_schedulers_back_is_not_granted_from_the_express_lane() -> None:
+    # Two warm requests leave the express lane's verdict for a; the process then stops on its own (its TTL),
+    # which the router hears as a process event: the next request starts a again instead of being handed a
+    # stopped process.
+    router, script = make_router(config("a"))
+    for _ in range(2):
+        assert await serve_once(router, "a") == "a"
+    await router.wait_idle()
+    process = router.processes["a"]
+    await process.expire()  # type: ignore[attr-defined]
+    await router.wait_idle()
+    assert process.state is ProcessState.STOPPED
+    assert await serve_once(router, "a") == "a"
+    assert script.starts == {"a": 2}
+    await router.shutdown()
