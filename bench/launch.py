@@ -169,13 +169,15 @@ def find_llama_swap() -> str | None:
 
 @contextlib.asynccontextmanager
 async def running_process(argv: Sequence[str], ready_urls: Sequence[str], log: Path, *, within: float = 120.0,
+                          cwd: Path = REPO, env: Mapping[str, str] | None = None,
                           ) -> AsyncIterator[subprocess.Popen[bytes]]:
-    """A server a benchmark sets beside llmswap (llama-swap, llama.cpp's router, a bare proxy), its output in
-    `log`, yielded once every one of `ready_urls` answers 200; stopped with whatever it started when the
-    block ends."""
+    """A server a benchmark sets beside llmswap (llama-swap, llama.cpp's router, a bare proxy, another
+    build of llmswap), its output in `log`, yielded once every one of `ready_urls` answers 200; stopped with
+    whatever it started when the block ends. `cwd` and `env`: where and with what environment it runs."""
     with log.open("wb") as out:
         process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out,  # noqa: ASYNC220
-                                   stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+                                   stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd,
+                                   env=None if env is None else dict(env))
     try:
         await wait_answering(process, ready_urls, f"{Path(argv[0]).name} (its output: {log})", within=within)
         yield process

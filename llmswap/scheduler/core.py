@@ -66,8 +66,8 @@ class QueueScheduler(ABC):
         self.books = Books(name, swapper, effects, settings, clock=clock, log=self._log, times=times,
                            holds=self._holds)
         # The express lane (`try_grant_now`): models a plain request was found granted at once for, kept
-        # while nothing the finding depends on can have changed. Every event handled here drops them (see
-        # `_events_change_verdicts`), and so does `world_changed` (a process changed state on its own).
+        # while nothing the finding depends on can have changed. Every event handled here drops them (but
+        # a request's end while the books are calm: `on_serve_done`), and so does `world_changed`.
         self._express: set[str] = set()
 
     @property

@@ -211,15 +211,12 @@ class ClientSink:
             if status >= 400:  # the stream is a 200 already: the error becomes its last event
                 self._error = Buffer(limit=_ERROR_BODY_LIMIT, status=status, reason=reason)
             return
-        if is_event_stream(headers.get(hdrs.CONTENT_TYPE, "")):
-            response = web.StreamResponse(status=status, reason=reason)
-            response.headers.extend(relayed_headers(headers))
+        stream = is_event_stream(headers.get(hdrs.CONTENT_TYPE, ""))
+        kind = WholeAnswer if not stream and hdrs.CONTENT_LENGTH in headers else web.StreamResponse
+        response = self.response = kind(status=status, reason=reason)
+        response.headers.extend(relayed_headers(headers))
+        if stream:
             response.headers["X-Accel-Buffering"] = "no"
-        else:
-            response = (WholeAnswer if hdrs.CONTENT_LENGTH in headers else web.StreamResponse)(
-                status=status, reason=reason)
-            response.headers.extend(relayed_headers(headers))
-        self.response = response
         await response.prepare(self.request)
         self.record.answering = True
 
