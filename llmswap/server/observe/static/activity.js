@@ -1,14 +1,15 @@
 "use strict";
 // The status page's activity, machine and playground panels. Loaded after the page's own script, whose
-// globals it uses (view, el, authHeaders, needKey, seconds, scheduleRender); the page calls onActivity()
-// for each `activity` event, renderExtras() on each render, and cancelInflight() from its Cancel buttons.
+// globals it uses (view, el, authHeaders, currentKey, needKey, seconds, scheduleRender); the page calls
+// onActivity() for each `activity` event, renderExtras() on each render, and cancelInflight() from its Cancel buttons.
 const ACTIVITY_SHOWN = 50;
 const MACHINE_EVERY_MS = 5000;
 const activity = { rows: [], pending: false };
 
 async function api(path, options = {}) {
+  const sent = currentKey();
   const response = await fetch(path, { ...options, headers: { ...authHeaders(), ...(options.headers || {}) } });
-  if (response.status === 401) { await needKey(); throw new Error("API key needed"); }
+  if (response.status === 401) { await needKey(sent); throw new Error("API key needed"); }
   return response;
 }
 
