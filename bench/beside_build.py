@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import statistics
 import subprocess
@@ -35,7 +34,7 @@ import aiohttp
 
 from bench import proxy_overhead
 from bench.beside_llama_swap import IN_FLIGHT, MODEL, Side, cpu_round, latency, model_entry
-from bench.launch import HOST, REPO, free_port, running_process
+from bench.launch import HOST, REPO, free_port, running_process, write_config
 from bench.report import Row, markdown_table, ms, ratio
 from bench.report import machine as describe_machine
 
@@ -61,14 +60,13 @@ def worktree(rev: str, under: Path) -> Iterator[Path]:
 async def build_serving(tree: Path, folder: Path, label: str) -> AsyncIterator[tuple[Side, Side]]:
     """The llmswap of `tree` in front of its own minimal upstream: (its side, the upstream's side)."""
     upstream, port = free_port(), free_port()
-    config = folder / f"{label}.yaml"
-    config.write_text(json.dumps({"healthCheckTimeout": 30, "models": {MODEL: model_entry(upstream)},
-                                  "hooks": {"on_startup": {"preload": [MODEL]}}}))
+    config = write_config(folder / f"{label}.yaml", {MODEL: model_entry(upstream)}, preload=[MODEL])
     env = {**os.environ, "PYTHONPATH": str(tree)}
     argv = [sys.executable, "-m", "llmswap", "--config", str(config), "--listen", f"{HOST}:{port}"]
-    ready = [f"http://{HOST}:{port}/health", f"http://{HOST}:{upstream}/health"]
-    async with running_process(argv, ready, folder / f"{label}.log", cwd=tree, env=env) as process:
-        yield Side(label, f"http://{HOST}:{port}", process.pid), Side(f"{label} direct", ready[1][:-7])
+    url, direct = f"http://{HOST}:{port}", f"http://{HOST}:{upstream}"
+    async with running_process(argv, [f"{url}/health", f"{direct}/health"], folder / f"{label}.log", cwd=tree,
+                               env=env) as process:
+        yield Side(label, url, process.pid), Side(f"{label} direct", direct)
 
 
 async def measure(rev: str, requests: int, rounds: int) -> list[Row]:

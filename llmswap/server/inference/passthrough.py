@@ -111,7 +111,7 @@ async def to_upstream(request: web.Request) -> web.StreamResponse:
     record = request_record(request)  # handed down from here
     server = state(request)
     raw_tail = request.rel_url.raw_path[len(PREFIX):]
-    pinned = pinned_tail(request.app[PROFILES].active.pin, raw_tail)
+    pinned = pinned_tail(request.app[PROFILES].active.pins.get, raw_tail)
     if pinned is None:
         return error_response(request, 404, "model not found: the active profile disables this name")
     target = find_target(server.config, pinned)

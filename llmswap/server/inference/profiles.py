@@ -61,10 +61,6 @@ class ActiveProfile:
     def profile(self) -> ProfileConfig | None:
         return self.config.profiles.get(self.name) if self.name is not None else None
 
-    def pin(self, requested: str) -> str | None:
-        """The target the active profile pins `requested` to ("" = disabled), or None when not pinned."""
-        return self.pins.get(requested)
-
 
 class Profiles:
     """The live config's `ActiveProfile`: at start and again after every reload, the config's

@@ -39,7 +39,7 @@ async def realtime(request: web.Request) -> web.StreamResponse:
         return error_response(request, 400, f"{PATH} needs the model as a query parameter: {PATH}?model=<id>")
     server = state(request)
     config = server.config
-    pinned = request.app[PROFILES].active.pin(name)
+    pinned = request.app[PROFILES].active.pins.get(name)
     if pinned == "":
         return error_response(request, 404, no_model_message(config, name))
     name = pinned or name

@@ -1,7 +1,8 @@
 "use strict";
 // The status page's activity, machine and playground panels. Loaded after the page's own script, whose
 // globals it uses (view, el, authHeaders, currentKey, needKey, seconds, scheduleRender); the page calls
-// onActivity() for each `activity` event, renderExtras() on each render, and cancelInflight() from its Cancel buttons.
+// onActivity() for each `activity` event, renderExtras() on each render, and cancelInflight() from its
+// Cancel buttons.
 const ACTIVITY_SHOWN = 50;
 const MACHINE_EVERY_MS = 5000;
 const activity = { rows: [], pending: false };
