@@ -29,7 +29,7 @@ from bench.launch import Llmswap, free_port, running_llmswap
 from bench.report import Row, markdown_table, ms, ratio
 from bench.report import machine as describe_machine
 from llmswap.tasks.queue import db
-from llmswap.tasks.queue.sql import close_pools
+from llmswap.tasks.queue.sql import PostgresDb
 from tests.helpers.postgres import Cluster, postgres_bin, running_cluster
 
 MAX_TOKENS = 8
@@ -56,7 +56,8 @@ async def drain(cluster: Cluster, folder: Path, hosts: dict[str, dict[str, str]]
     """Start the hosts on a fresh database, queue the tasks, wait until all are finished: (makespan,
     rows claimed more than once, answers beyond one per task as the upstreams count them)."""
     url = cluster.fresh_database()
-    db.init_db(url)
+    database = PostgresDb(url)
+    db.init_db(database)
     async with contextlib.AsyncExitStack() as stack:
         running = {
             name: await stack.enter_async_context(
@@ -67,16 +68,16 @@ async def drain(cluster: Cluster, folder: Path, hosts: dict[str, dict[str, str]]
         body = {"messages": [{"role": "user", "content": "work"}], "max_tokens": MAX_TOKENS}
         rows = [(task_type, n, body) for n in range(tasks // 2) for task_type in TYPES]
         began = time.monotonic()
-        await asyncio.to_thread(db.insert_tasks, url, rows)
+        await asyncio.to_thread(db.insert_tasks, database, rows)
         while True:
-            counts = await asyncio.to_thread(db.task_stats, url)
+            counts = await asyncio.to_thread(db.task_stats, database)
             if sum(c["completed"] + c["failed"] for c in counts.values()) >= len(rows):
                 break
             await asyncio.sleep(0.05)
         makespan = time.monotonic() - began
         generated = await _answers(running, hosts)
-    finished = db.list_tasks(url, limit=len(rows) + 1)
-    close_pools()
+    finished = db.list_tasks(database, limit=len(rows) + 1)
+    database.close()
     failed = [r for r in finished if r.status != "completed"]
     if failed:
         raise SystemExit(f"{len(failed)} task(s) failed, e.g. {failed[0].error}")

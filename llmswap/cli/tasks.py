@@ -18,6 +18,7 @@ from llmswap.cli.args import add_config_arguments, flag
 from llmswap.config import ConfigError, ConfigSources
 from llmswap.config.model import TasksConfig
 from llmswap.tasks.queue.db import TaskStatus, cancel_task, get_task, init_db, insert_task, list_tasks
+from llmswap.tasks.queue.sql import PostgresDb, TaskDb, task_db
 
 
 def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -63,12 +64,17 @@ def run(sources: ConfigSources, args: argparse.Namespace) -> int:
         print(f"{sources}: no tasks: section; add one to use the task queue", file=sys.stderr)
         return 1
     tasks = config.tasks
-    init_db(tasks.db)
-    handler = {"submit": _submit, "list": _list, "show": _show, "cancel": _cancel}[args.tasks_command]
-    return handler(tasks, args)
+    db = task_db(tasks.db)  # this command's own connections (a PostgreSQL pool), closed as it ends
+    try:
+        init_db(db)
+        handler = {"submit": _submit, "list": _list, "show": _show, "cancel": _cancel}[args.tasks_command]
+        return handler(tasks, db, args)
+    finally:
+        if isinstance(db, PostgresDb):
+            db.close()
 
 
-def _submit(tasks: TasksConfig, args: argparse.Namespace) -> int:
+def _submit(tasks: TasksConfig, db: TaskDb, args: argparse.Namespace) -> int:
     if args.type not in tasks.types:
         known = ", ".join(sorted(tasks.types)) or "none"
         print(f"unknown task type {args.type!r}; configured types: {known}", file=sys.stderr)
@@ -79,7 +85,7 @@ def _submit(tasks: TasksConfig, args: argparse.Namespace) -> int:
         print(f"--params: {exc}", file=sys.stderr)
         return 1
     task_id, is_new = insert_task(
-        tasks.db, args.type, args.job_id or 0, params, dedupe=args.job_id is not None
+        db, args.type, args.job_id or 0, params, dedupe=args.job_id is not None
     )
     _print({"id": task_id, "is_new": is_new})
     return 0
@@ -93,8 +99,8 @@ def _read_params(text: str) -> dict[str, Any]:
     return params
 
 
-def _list(tasks: TasksConfig, args: argparse.Namespace) -> int:
-    rows = list_tasks(tasks.db, status=args.status, task_type=args.type, limit=args.limit)
+def _list(tasks: TasksConfig, db: TaskDb, args: argparse.Namespace) -> int:
+    rows = list_tasks(db, status=args.status, task_type=args.type, limit=args.limit)
     for row in rows:
         error = f"  {row.error}" if row.error else ""
         head = f"{row.id:>6}  {row.status.value:<9}  {row.task_type:<20}  job {row.job_id:<6}"
@@ -102,8 +108,8 @@ def _list(tasks: TasksConfig, args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(tasks: TasksConfig, args: argparse.Namespace) -> int:
-    row = get_task(tasks.db, args.id)
+def _show(tasks: TasksConfig, db: TaskDb, args: argparse.Namespace) -> int:
+    row = get_task(db, args.id)
     if row is None:
         print(f"no task {args.id}", file=sys.stderr)
         return 1
@@ -111,11 +117,11 @@ def _show(tasks: TasksConfig, args: argparse.Namespace) -> int:
     return 0
 
 
-def _cancel(tasks: TasksConfig, args: argparse.Namespace) -> int:
-    if cancel_task(tasks.db, args.id):
+def _cancel(tasks: TasksConfig, db: TaskDb, args: argparse.Namespace) -> int:
+    if cancel_task(db, args.id):
         print(f"task {args.id} cancelled")
         return 0
-    row = get_task(tasks.db, args.id)
+    row = get_task(db, args.id)
     reason = (
         "does not exist" if row is None else f"is {row.status.value}; only a queued task can be cancelled"
     )

@@ -19,7 +19,7 @@ TIMEOUT_KEYS = {
     "tlsHandshake": "tls_handshake",
     "expectContinue": "expect_continue",
     "idleConn": "idle_conn",
-    "wall": "wall",  # llmswap: the watchdog (llmswap.upstream.watchdog)
+    "wall": "wall",  # llmswap: the watchdog (llmswap.upstream.forward)
     "idle": "idle",
 }
 PROTECTED_PARAM = "model"  # routing depends on it: filters may never remove or set it

@@ -3,6 +3,7 @@
 Imports run down the layers: `llmswap.server` and `llmswap.tasks` use this package; it uses the router.
 """
 
+from llmswap.upstream.client import UpstreamPool
 from llmswap.upstream.dispatcher import (
     Dispatcher,
     Lease,
@@ -10,7 +11,6 @@ from llmswap.upstream.dispatcher import (
     UpstreamAnswer,
     UpstreamUnreachable,
 )
-from llmswap.upstream.pool import UpstreamPool
 
 __all__ = [
     "Dispatcher",

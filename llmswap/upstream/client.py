@@ -1,9 +1,16 @@
-"""The upstream client: aiohttp's, one session per upstream and set of timeouts, and what its errors mean.
+"""The upstream client: aiohttp's, one session per upstream and set of timeouts, its pool, and what its
+errors mean.
 
-Owns `Upstream` (one upstream's keep-alive connections: an `aiohttp.ClientSession`) and `UpstreamResponse`
-(one answer: status, reason, headers, and its body read as it arrives), and the errors a caller sees: every
+Owns `UpstreamPool` (one `Upstream` per upstream and set of timeouts), `Upstream` (one upstream's
+keep-alive connections: an `aiohttp.ClientSession`), `send` (a request out with the model's response-header
+limit), `UpstreamResponse` (one answer: status, reason, headers, and its body read as it arrives), and the
+errors a caller sees: every
 way an exchange can fail is a `ConnectionError` (`ConnectFailed`, `UpstreamClosed`, `UpstreamProtocolError`)
 or a `ConnectTimeout`, so the forwarder handles one family.
+
+Every request to an upstream, whether it came over HTTP, from a task, from a batch or is a websocket
+upgrade, goes out through a session of the pool, so all of them get the same transport: the model's
+`timeouts` and nothing else.
 
 What the session is set to do is what relaying needs: no redirects, no cookies, no decompression (bytes
 pass as the upstream encoded them), no headers of its own (the caller's go out, with Host and
@@ -18,6 +25,7 @@ of the servers llmswap fronts (llama-server, uvicorn: 5 s), so it does not reuse
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import socket
 import ssl
@@ -30,8 +38,10 @@ from yarl import URL
 
 from llmswap.config.model import Timeouts
 
-__all__ = ["ConnectFailed", "ConnectTimeout", "Upstream", "UpstreamClosed", "UpstreamProtocolError",
-           "UpstreamResponse", "client_session"]
+__all__ = ["Body", "ConnectFailed", "ConnectTimeout", "Upstream", "UpstreamClosed", "UpstreamPool",
+           "UpstreamProtocolError", "UpstreamResponse", "client_session", "send"]
+
+Body = bytes | bytearray
 
 # Seconds an idle keep-alive connection stays in the pool at most (see the module's docstring); a model's
 # `timeouts.idleConn` may only shorten it.
@@ -195,7 +205,7 @@ class Upstream:
         method: str,
         url: URL,
         headers: Mapping[str, str],
-        body: bytes | bytearray | None = None,
+        body: Body | None = None,
     ) -> UpstreamResponse:
         """Send one request and wait for the answer's headers. `headers` are the caller's (its Host wins
         over the URL's; Content-Length is computed from `body`)."""
@@ -222,3 +232,47 @@ class Upstream:
         if session is not None:
             await session.close()
 
+
+class UpstreamPool:
+    """One `Upstream` per upstream (a model id, or `peer:<id>`) and transport settings."""
+
+    def __init__(self) -> None:
+        self._upstreams: dict[tuple[str, Timeouts], Upstream] = {}
+        self._closed = False
+
+    def upstream(self, key: str, timeouts: Timeouts) -> Upstream:
+        if self._closed:
+            raise UpstreamClosed("the upstream pool is closed (the server is shutting down)")
+        # Keyed by the timeouts too: a reload that changes them gets fresh connections while requests on
+        # the old ones finish undisturbed.
+        upstream = self._upstreams.get((key, timeouts))
+        if upstream is None:
+            upstream = self._upstreams[(key, timeouts)] = Upstream(timeouts)
+        return upstream
+
+    def websocket_session(self, key: str, timeouts: Timeouts) -> aiohttp.ClientSession:
+        """The aiohttp session websocket upgrades to this upstream go through."""
+        return self.upstream(key, timeouts).session
+
+    def keys(self) -> list[str]:
+        return sorted({key for key, _ in self._upstreams})
+
+    async def close(self) -> None:
+        self._closed = True
+        upstreams, self._upstreams = list(self._upstreams.values()), {}
+        await asyncio.gather(*(upstream.close() for upstream in upstreams), return_exceptions=True)
+
+
+async def send(
+    upstream: Upstream,
+    method: str,
+    url: URL,
+    headers: Mapping[str, str],
+    body: Body | None,
+    header_timeout: float,
+) -> UpstreamResponse:
+    """Send the request and wait for the answer's headers (at most `header_timeout` s, 0 = no limit)."""
+    if not header_timeout:
+        return await upstream.request(method, url, headers, body)
+    async with asyncio.timeout(header_timeout):
+        return await upstream.request(method, url, headers, body)

@@ -26,9 +26,9 @@ from llmswap.activity.recording import Recording, RequestFacts
 from llmswap.config.model import ModelConfig
 from llmswap.router.router import Router
 from llmswap.router.types import NO_OPTIONS, AcquireOptions, ProcessLike, SwapPhase
+from llmswap.upstream.client import Upstream, UpstreamPool
 from llmswap.upstream.filters import apply_plan, local_plan
 from llmswap.upstream.forward import Buffer, Destination, Unreachable
-from llmswap.upstream.pool import Upstream, UpstreamPool
 
 log = logging.getLogger("llmswap.dispatch")
 

@@ -188,11 +188,12 @@ async def test_the_hosts_view_lists_this_host_and_its_discovered_peer(tmp_path: 
 async def test_the_hosts_view_lists_the_hosts_of_a_shared_task_queue(tmp_path: Path) -> None:
     from llmswap.config.model import TasksConfig, TaskTypeConfig
     from llmswap.tasks.queue import shared
-    from llmswap.tasks.queue.sql import close_pools
+    from llmswap.tasks.queue.sql import PostgresDb
     from tests.helpers.postgres import require_postgres, running_cluster
 
     with running_cluster(require_postgres()) as cluster:
         url = cluster.fresh_database()
+        database = PostgresDb(url)
         tasks = TasksConfig(db=url, host="box1", lease_seconds=3,
                             types={"letters": TaskTypeConfig(name="letters", model="m")})
         config = exclusive_config(demo_config("m"), tasks=tasks)
@@ -201,7 +202,7 @@ async def test_the_hosts_view_lists_the_hosts_of_a_shared_task_queue(tmp_path: P
             async with aiohttp.ClientSession(timeout=timeout) as http, serving(config) as served, \
                     chromium(tmp_path, http) as page:
                 # A second host, gone quiet: registered, its heartbeat older than the lease by now.
-                shared.register(url, name="box0", instance="old", types=["research"], models={},
+                shared.register(database, name="box0", instance="old", types=["research"], models={},
                                 lease_seconds=3)
                 await page.call("Page.enable")
                 await page.navigate(served.at("/ui"))
@@ -215,4 +216,4 @@ async def test_the_hosts_view_lists_the_hosts_of_a_shared_task_queue(tmp_path: P
                     ".map(td => td.textContent)")
                 assert cells[0] == "box1 (this host)" and cells[1] == "live" and "letters" in cells[3]
         finally:
-            close_pools()
+            database.close()

@@ -30,8 +30,8 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from llmswap.config.model import ModelConfig
+from llmswap.upstream.client import Upstream
 from llmswap.upstream.forward import Buffer, Unreachable, forward
-from llmswap.upstream.pool import Upstream
 
 log = logging.getLogger("llmswap.guardrails")
 

@@ -21,8 +21,8 @@ from llmswap.activity.recording import Recording
 from llmswap.server.http.errors import error_body, error_response
 from llmswap.server.http.record import RequestRecord
 from llmswap.upstream import Dispatcher, UpstreamPool
+from llmswap.upstream.client import Body
 from llmswap.upstream.forward import Buffer, Destination, Unreachable
-from llmswap.upstream.pool import Body
 
 log = logging.getLogger("llmswap.proxy")
 

@@ -37,7 +37,7 @@ from llmswap.tasks.peregrine.threads import BatchWorker
 from llmswap.tasks.queue.db import QUEUE_FULL_ERROR, fail_unfinished_task, init_db, queued_tasks
 from llmswap.tasks.queue.execution import RunTaskFn, default_run_task, run_queued_task
 from llmswap.tasks.queue.lanes import Queued, TaskLanes
-from llmswap.tasks.queue.sql import display, is_postgres
+from llmswap.tasks.queue.sql import display, is_postgres, task_db
 
 logger = logging.getLogger("llmswap.tasks.peregrine.scheduler")  # the name Peregrine apps configure
 
@@ -76,7 +76,7 @@ class TaskScheduler:
         max_queue_depth: int = DEFAULT_MAX_QUEUE_DEPTH,
     ) -> None:
         check_settings(max_queue_depth, available_vram)
-        if is_postgres(db_path):
+        if is_postgres(task_db(db_path)):
             raise ValueError(f"{display(db_path)}: the synchronous task library runs on a SQLite file; "
                              "a queue several hosts share is drained by llmswap servers (their tasks.db)")
         self._db_path = Path(db_path)

@@ -32,7 +32,7 @@ def submit_task(
     # reach the deque through enqueue() alone.
     scheduler = get_scheduler(db_path)
     job = job_id or 0
-    task_id, is_new = insert_task(db_path, task_type, job, params, dedupe=dedupe)
+    task_id, is_new = insert_task(scheduler.db_path, task_type, job, params, dedupe=dedupe)
     if is_new:
         if scheduler.handles(task_type):
             scheduler.enqueue(task_id, task_type, job, params)

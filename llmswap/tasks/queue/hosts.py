@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from llmswap.tasks.queue import shared
 from llmswap.tasks.queue.db import NOTIFY_CHANNEL, TaskDatabaseError, init_db
 from llmswap.tasks.queue.shared import HostEntry, HostNameTaken
-from llmswap.tasks.queue.sql import display
+from llmswap.tasks.queue.sql import PostgresDb, display
 
 log = logging.getLogger("llmswap.tasks")
 
@@ -32,7 +32,7 @@ Served = Callable[[], tuple[list[str], Mapping[str, str]]]  # (task types, model
 
 class QueueHost:
     def __init__(
-        self, db: str, name: str, *, lease_seconds: float, max_preemptions: Callable[[], int],
+        self, db: PostgresDb, name: str, *, lease_seconds: float, max_preemptions: Callable[[], int],
         served: Served, wake: Callable[[], None],
     ) -> None:
         self.db = db
@@ -178,7 +178,7 @@ class QueueHost:
         delay = 0.2
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(self.db, autocommit=True) as conn:
+                async with await psycopg.AsyncConnection.connect(self.db.url, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     delay = 0.2
                     self._wake()  # what was queued while this host was not listening

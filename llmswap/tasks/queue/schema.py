@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from llmswap.tasks.queue.sql import TaskDb, connect, display, is_postgres, write_transaction
+from llmswap.tasks.queue.sql import PostgresDb, TaskDb, connect, display, write_transaction
 
 SCHEMA_VERSION = 2
 
@@ -152,7 +152,7 @@ class TaskDatabaseError(RuntimeError):
 
 def init_db(db: TaskDb) -> None:
     """Create the tables if missing, migrate an older schema, refuse a newer one. Idempotent."""
-    if is_postgres(db):
+    if isinstance(db, PostgresDb):
         with connect(db) as conn, write_transaction(conn):
             _create(conn, db, _POSTGRES)
         return

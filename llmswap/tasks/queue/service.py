@@ -46,7 +46,7 @@ from llmswap.tasks.queue.db import (
 from llmswap.tasks.queue.hosts import QueueHost
 from llmswap.tasks.queue.lanes import Queued, TaskLanes, claiming, log_failure, requeue_preempted_task
 from llmswap.tasks.queue.shared import any_queued
-from llmswap.tasks.queue.sql import TaskDb, close_pools, display, is_postgres
+from llmswap.tasks.queue.sql import PostgresDb, TaskDb, display, task_db
 from llmswap.upstream import Dispatcher, UpstreamUnreachable
 from llmswap.upstream.dispatcher import Lease
 
@@ -107,7 +107,7 @@ class TaskService:
     ) -> None:
         assert config.tasks is not None
         self.tasks: TasksConfig = config.tasks
-        self.db: TaskDb = self.tasks.db
+        self.db: TaskDb = task_db(self.tasks.db)  # a PostgreSQL database's pool is this service's
         self.host = self.tasks.host or host or socket.gethostname()
         self._models = served_models(config)
         self._router_of = router_of
@@ -123,8 +123,8 @@ class TaskService:
         # On a shared (PostgreSQL) queue this host claims under leases once it has joined (`hosts.py`).
         self.queue_host: QueueHost | None = None
         self._wake = asyncio.Event()
-        if is_postgres(self.db):
-            self.queue_host = QueueHost(str(self.db), self.host, lease_seconds=self.tasks.lease_seconds,
+        if isinstance(self.db, PostgresDb):
+            self.queue_host = QueueHost(self.db, self.host, lease_seconds=self.tasks.lease_seconds,
                                         max_preemptions=lambda: self.tasks.max_preemptions,
                                         served=self._served, wake=self._wake.set)
         owner = self.queue_host.instance if self.queue_host is not None else None
@@ -184,10 +184,10 @@ class TaskService:
             self.enabled = False
         else:
             self.enabled = True
-            if not same_db(tasks.db, self.db) or tasks.host not in (None, self.host):
+            if not same_db(task_db(tasks.db), self.db) or tasks.host not in (None, self.host):
                 log.error("tasks: tasks.db or tasks.host changed; that takes a restart, the queue keeps "
                           "using %s as host %s", display(self.db), self.host)
-                tasks = dataclasses.replace(tasks, db=self.db, host=self.tasks.host)
+                tasks = dataclasses.replace(tasks, db=self.tasks.db, host=self.tasks.host)
         self._models = served_models(config)
         if tasks == self.tasks:
             return
@@ -237,7 +237,8 @@ class TaskService:
         await self.lanes.shutdown(5.0)
         if self.queue_host is not None:
             await self.queue_host.stop()
-            await asyncio.to_thread(close_pools)
+        if isinstance(self.db, PostgresDb):
+            await asyncio.to_thread(self.db.close)
 
     # ------------------------------------------------------------------ API
 
@@ -424,9 +425,9 @@ def served_models(config: Config) -> dict[str, str]:
 
 
 def same_db(a: TaskDb, b: TaskDb) -> bool:
-    if is_postgres(a) or is_postgres(b):
-        return a == b
-    return Path(a).resolve() == Path(b).resolve()
+    if isinstance(a, Path) and isinstance(b, Path):
+        return a.resolve() == b.resolve()
+    return a == b
 
 
 def _prepare(db: TaskDb) -> tuple[int, list[str]]:

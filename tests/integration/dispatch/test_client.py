@@ -33,8 +33,8 @@ from llmswap.upstream.client import (
     UpstreamClosed,
     UpstreamProtocolError,
     keepalive_seconds,
+    send,
 )
-from llmswap.upstream.pool import send
 from tests.helpers.demo import running_demo
 from tests.helpers.scripted_upstream import Scripted, answer_each, ok, scripted, url
 

@@ -11,8 +11,7 @@ import pytest
 
 from llmswap.config.model import Timeouts
 from llmswap.upstream.client import Upstream
-from llmswap.upstream.forward import Buffer, Unreachable, forward
-from llmswap.upstream.watchdog import Watchdog
+from llmswap.upstream.forward import Buffer, Unreachable, Watchdog, forward
 from tests.helpers.scripted_upstream import Scripted, answer_each, ok, scripted, url
 
 

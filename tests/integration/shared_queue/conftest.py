@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from llmswap.tasks.queue.sql import close_pools
+from llmswap.tasks.queue.sql import PostgresDb
 from tests.helpers.postgres import Cluster, require_postgres, running_cluster
 
 
@@ -22,7 +22,9 @@ def cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def pg_url(cluster: Cluster) -> Iterator[str]:
-    """The URL of an empty database of its own; this process's pools to it are closed after the test."""
-    yield cluster.fresh_database()
-    close_pools()
+def pg_db(cluster: Cluster) -> Iterator[PostgresDb]:
+    """An empty database of its own (`.url` for a config); its pool in this process is closed after the
+    test."""
+    database = PostgresDb(cluster.fresh_database())
+    yield database
+    database.close()

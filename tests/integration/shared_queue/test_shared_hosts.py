@@ -16,6 +16,7 @@ import aiohttp
 import openai
 
 from llmswap.tasks.queue import db
+from llmswap.tasks.queue.sql import PostgresDb
 from tests.helpers.cli import LlmswapProcess, demo_model, running_llmswap, stop_with, write_config
 from tests.helpers.postgres import Cluster, postgres_bin, running_cluster
 from tests.helpers.wait import eventually
@@ -52,10 +53,10 @@ async def all_done(http: aiohttp.ClientSession, host: LlmswapProcess, ids: list[
 
 
 async def test_tasks_submitted_on_one_host_run_on_the_host_that_serves_their_type(
-    tmp_path: Path, pg_url: str
+    tmp_path: Path, pg_db: PostgresDb
 ) -> None:
-    box1 = host_config(tmp_path, "box1", pg_url, {"letters": "a"}, {"a": demo_model("a")})
-    box2 = host_config(tmp_path, "box2", pg_url, {"research": "b"}, {"b": demo_model("b")})
+    box1 = host_config(tmp_path, "box1", pg_db.url, {"letters": "a"}, {"a": demo_model("a")})
+    box2 = host_config(tmp_path, "box2", pg_db.url, {"research": "b"}, {"b": demo_model("b")})
     async with (running_llmswap(box1) as one, running_llmswap(box2) as two,
                 aiohttp.ClientSession() as http):
 
@@ -110,7 +111,7 @@ async def test_tasks_submitted_on_one_host_run_on_the_host_that_serves_their_typ
         assert done.request_counts.completed == 2
         output = (await client.files.content(done.output_file_id)).text
         assert sorted(json.loads(line)["custom_id"] for line in output.splitlines()) == ["r0", "r1"]
-        rows = db.job_tasks(pg_url, done_seq(pg_url, batch.id), "batch:")
+        rows = db.job_tasks(pg_db, done_seq(pg_db, batch.id), "batch:")
         assert {r.host for r in rows} == {"box2"}
         two_files = openai.AsyncOpenAI(base_url=f"{two.url}/v1", api_key="unused", max_retries=0)
         assert (await two_files.files.content(done.output_file_id)).text == output
@@ -118,22 +119,22 @@ async def test_tasks_submitted_on_one_host_run_on_the_host_that_serves_their_typ
         await two_files.close()
 
 
-def done_seq(pg_url: str, batch_id: str) -> int:
+def done_seq(pg_db: PostgresDb, batch_id: str) -> int:
     from llmswap.tasks.batch_api import store
 
-    found = store.get_batch(pg_url, batch_id)
+    found = store.get_batch(pg_db, batch_id)
     assert found is not None
     return found.seq
 
 
 async def test_a_host_killed_mid_task_loses_nothing_and_its_task_runs_once_elsewhere(
-    tmp_path: Path, pg_url: str
+    tmp_path: Path, pg_db: PostgresDb
 ) -> None:
     """Three hosts: box0 only takes submissions; box1 and box2 both serve `letters`. box1 is killed with
     -9 while it runs a task: the task's lease lapses and box2 runs it, recording its result once."""
-    box0 = host_config(tmp_path, "box0", pg_url, {}, {"z": demo_model("z")})
-    box1 = host_config(tmp_path, "box1", pg_url, {"letters": "a"}, {"a": demo_model("a", *SLOWER)})
-    box2 = host_config(tmp_path, "box2", pg_url, {"letters": "a"}, {"a": demo_model("a", *SLOW)})
+    box0 = host_config(tmp_path, "box0", pg_db.url, {}, {"z": demo_model("z")})
+    box1 = host_config(tmp_path, "box1", pg_db.url, {"letters": "a"}, {"a": demo_model("a", *SLOWER)})
+    box2 = host_config(tmp_path, "box2", pg_db.url, {"letters": "a"}, {"a": demo_model("a", *SLOW)})
     async with (running_llmswap(box0) as zero, running_llmswap(box1) as one,
                 aiohttp.ClientSession() as http):
         # box0 takes `letters` only once a live host serves it (400 before box1 joined).
@@ -162,8 +163,10 @@ async def test_a_host_killed_mid_task_loses_nothing_and_its_task_runs_once_elsew
     assert all(final[i]["status"] == "completed" for i in ids)
 
 
-async def test_a_host_restarted_after_kill_9_runs_its_lost_task_again(tmp_path: Path, pg_url: str) -> None:
-    box1 = host_config(tmp_path, "box1", pg_url, {"letters": "a"}, {"a": demo_model("a", *SLOWER)})
+async def test_a_host_restarted_after_kill_9_runs_its_lost_task_again(
+    tmp_path: Path, pg_db: PostgresDb
+) -> None:
+    box1 = host_config(tmp_path, "box1", pg_db.url, {"letters": "a"}, {"a": demo_model("a", *SLOWER)})
     async with aiohttp.ClientSession() as http:
         async with running_llmswap(box1) as one:
             task_id = await submit(http, one, "letters", 0)
@@ -180,14 +183,14 @@ async def test_a_host_restarted_after_kill_9_runs_its_lost_task_again(tmp_path: 
     assert (row["status"], row["host"], row["preemptions"]) == ("completed", "box1", 1)
 
 
-async def test_two_hosts_racing_for_500_tasks_run_each_once(tmp_path: Path, pg_url: str) -> None:
-    box1 = host_config(tmp_path, "box1", pg_url, {"letters": "a"}, {"a": demo_model("a")})
-    box2 = host_config(tmp_path, "box2", pg_url, {"letters": "a"}, {"a": demo_model("a")})
+async def test_two_hosts_racing_for_500_tasks_run_each_once(tmp_path: Path, pg_db: PostgresDb) -> None:
+    box1 = host_config(tmp_path, "box1", pg_db.url, {"letters": "a"}, {"a": demo_model("a")})
+    box2 = host_config(tmp_path, "box2", pg_db.url, {"letters": "a"}, {"a": demo_model("a")})
     async with (running_llmswap(box1) as one, running_llmswap(box2) as two,
                 aiohttp.ClientSession() as http):
         await eventually(lambda: _joined(http, one, 2), within=20, what="both hosts joined")
         body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 4}
-        ids = await asyncio.to_thread(db.insert_tasks, pg_url, [("letters", n, body) for n in range(500)])
+        ids = await asyncio.to_thread(db.insert_tasks, pg_db, [("letters", n, body) for n in range(500)])
         await eventually(lambda: all_done(http, one, ids), within=120, what="500 tasks finishing")
         rows = await tasks_of(http, two)
         generated = [await _tokens_generated(http, host) for host in (one, two)]
@@ -258,25 +261,25 @@ async def test_while_the_database_is_down_tasks_answer_503_models_serve_and_noth
 
 
 async def test_a_task_queued_anywhere_wakes_the_host_that_serves_it_without_waiting_for_a_heartbeat(
-    tmp_path: Path, pg_url: str
+    tmp_path: Path, pg_db: PostgresDb
 ) -> None:
     """With a 90 s lease the heartbeat (and its re-read of the queue) comes every 30 s: a task written
     straight into the database (as `llmswap tasks submit` on another machine does) runs well before that,
     because its NOTIFY wakes the host."""
-    box1 = host_config(tmp_path, "box1", pg_url, {"letters": "a"}, {"a": demo_model("a")}, lease=90)
+    box1 = host_config(tmp_path, "box1", pg_db.url, {"letters": "a"}, {"a": demo_model("a")}, lease=90)
     async with running_llmswap(box1) as one, aiohttp.ClientSession() as http:
         await eventually(lambda: _joined(http, one, 1), within=20, what="box1 joined")
         await asyncio.sleep(0.5)  # past the wake-up that follows the join
         body = {"messages": [{"role": "user", "content": "from afar"}], "max_tokens": 4}
-        task_id, _ = await asyncio.to_thread(db.insert_task, pg_url, "letters", 0, body, dedupe=False)
+        task_id, _ = await asyncio.to_thread(db.insert_task, pg_db, "letters", 0, body, dedupe=False)
         await eventually(lambda: all_done(http, one, [task_id]), within=15, what="the woken host running it")
 
 
 async def test_a_task_cancelled_on_one_host_never_runs_on_the_host_that_holds_it_queued(
-    tmp_path: Path, pg_url: str
+    tmp_path: Path, pg_db: PostgresDb
 ) -> None:
-    box0 = host_config(tmp_path, "box0", pg_url, {}, {"z": demo_model("z")})
-    box1 = host_config(tmp_path, "box1", pg_url, {"letters": "a"}, {"a": demo_model("a", *SLOW)})
+    box0 = host_config(tmp_path, "box0", pg_db.url, {}, {"z": demo_model("z")})
+    box1 = host_config(tmp_path, "box1", pg_db.url, {"letters": "a"}, {"a": demo_model("a", *SLOW)})
     async with (running_llmswap(box0) as zero, running_llmswap(box1) as one,
                 aiohttp.ClientSession() as http):
         await eventually(lambda: _joined(http, zero, 2), within=20, what="both hosts joined")
@@ -333,14 +336,15 @@ async def test_a_host_started_before_its_database_joins_once_the_database_is_up(
 
 
 async def test_a_host_stopped_with_sigterm_hands_its_running_task_back_at_once(
-    tmp_path: Path, pg_url: str
+    tmp_path: Path, pg_db: PostgresDb
 ) -> None:
     """A graceful stop waits 5 s for the task in hand; one still running then goes back to the queue at
     once (not after the 60 s lease), its attempt not counted (llmswap stopped it, not the task's fault),
     and the host leaves the hosts table."""
     crawl = ("--tokens-per-second", "1")  # a 20-token answer takes 20 s: longer than the stop waits
-    box1 = host_config(tmp_path, "box1", pg_url, {"letters": "a"}, {"a": demo_model("a", *crawl)}, lease=60)
-    box2 = host_config(tmp_path, "box2", pg_url, {"letters": "a"}, {"a": demo_model("a")}, lease=60)
+    box1 = host_config(tmp_path, "box1", pg_db.url, {"letters": "a"},
+                       {"a": demo_model("a", *crawl)}, lease=60)
+    box2 = host_config(tmp_path, "box2", pg_db.url, {"letters": "a"}, {"a": demo_model("a")}, lease=60)
     async with running_llmswap(box1) as one, aiohttp.ClientSession() as http:
         body = {"type": "letters", "params": {"messages": [{"role": "user", "content": "long"}],
                                               "max_tokens": 20}}
