@@ -36,7 +36,7 @@ run: $(RUN_STAMP)
 test: $(TEST_STAMP)
 	$(PY) -m ruff check llmswap tests bench
 	$(PY) -m mypy
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests --durations=60
 
 test-unit: $(TEST_STAMP)
 	$(PY) -m pytest -q tests/unit

@@ -10,7 +10,6 @@ import socket
 
 from aiohttp import web
 
-from llmswap.activity.record import ActivityRecord
 from llmswap.router.router import Router
 from llmswap.server.admin import batches as batch_http
 from llmswap.server.admin import kvcache as kvcache_http
@@ -21,8 +20,9 @@ from llmswap.server.inference import cancel, peer_watch, profiles, realtime
 from llmswap.server.inference import passthrough as upstream
 from llmswap.server.inference import routes as inference
 from llmswap.server.observe import activity as activity_api
-from llmswap.server.observe import activity_metrics, events, logs, metrics, ui
+from llmswap.server.observe import events, logs, metrics, ui
 from llmswap.server.observe import performance as performance_api
+from llmswap.server.observe.request_metrics import count_tokens
 from llmswap.server.services import SERVICES, Services, build_services
 from llmswap.server.state import STATE, ServerState
 from llmswap.tasks.queue.service import TaskService
@@ -56,9 +56,8 @@ def create_app(server_state: ServerState, services: Services | None = None) -> w
     profiles.setup(app)
     activity_api.setup(app)
     activity_api.publish_to(parts.recorder, parts.events)
-    parts.recorder.listeners.append(lambda record: teach_prompt_rate(server_state, record))
     _follow_routers(server_state, parts)
-    activity_metrics.setup(parts.metrics.registry, parts.recorder)
+    count_tokens(parts.metrics.registry, parts.recorder)
     cancel.setup(app)
     peer_watch.setup(app)
     performance_api.setup(app)
@@ -70,13 +69,6 @@ def create_app(server_state: ServerState, services: Services | None = None) -> w
     return app
 
 
-def teach_prompt_rate(server_state: ServerState, record: ActivityRecord) -> None:
-    """An answer's `timings` (llama-server's prompt processing rate) teach `kvCache.save: auto` what
-    processing a slot's tokens again would cost (`llmswap.kvcache.rates`)."""
-    tokens = record.tokens
-    server_state.router.kv.rates.learn_prompt(record.model, tokens.input_tokens, tokens.prompt_per_second)
-
-
 def _follow_routers(server_state: ServerState, parts: Services) -> None:
     """Every part that follows the router, told now and again, synchronously, by each reload that installs a
     new one (`ServerState.watch_router`): observers belong to one router, settings to one config."""
@@ -86,6 +78,9 @@ def _follow_routers(server_state: ServerState, parts: Services) -> None:
     recorder = parts.recorder
     server_state.watch_router(lambda router: recorder.configure(activity_api.settings_of(router.config)))
     server_state.watch_router(parts.performance.follow)  # the models' processes to sample
+    # The answers' prompt rates, learned while the config has a kvCache model (`kvCache.save: auto`).
+    learn = kvcache_http.PromptRates(lambda: server_state.router)
+    server_state.watch_router(lambda router: learn.follow(router.config, recorder.listeners))
 
 
 async def _follow_on_the_loop(app: web.Application) -> None:

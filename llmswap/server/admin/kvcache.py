@@ -17,20 +17,49 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from llmswap.config.model import ModelConfig
+from llmswap.activity.record import ActivityRecord
+from llmswap.config.model import Config, ModelConfig
 from llmswap.kvcache import Save, SaveFolder
 from llmswap.server.http.errors import error_response
 from llmswap.server.inference.resolve import unknown_model_message
 from llmswap.server.state import state
 
+if TYPE_CHECKING:
+    from llmswap.activity.recorder import ActivityListener
+    from llmswap.router.router import Router
+
 
 def setup(app: web.Application) -> None:
     app.router.add_get("/api/kvcache", list_saves)
     app.router.add_delete("/api/kvcache/{model:.+}", clear_saves)
+
+
+class PromptRates:
+    """What teaches `kvCache.save: auto` what processing a slot's tokens again costs: each answer's
+    `timings` (llama-server's prompt processing rate), from its activity row, into the router's
+    `llmswap.kvcache.rates`. Listens to the rows only while the config has a `kvCache` model, so a
+    request to a config without one does no work for it."""
+
+    def __init__(self, router_of: Callable[[], Router]) -> None:
+        self._router_of = router_of
+
+    def follow(self, config: Config, listeners: list[ActivityListener]) -> None:
+        """Listen to the rows (`listeners`: the recorder's) when `config` has a kvCache model, else not."""
+        wanted = any(model.kv_cache is not None for model in config.models.values())
+        listening = self.learn in listeners
+        if wanted and not listening:
+            listeners.append(self.learn)
+        elif listening and not wanted:
+            listeners.remove(self.learn)
+
+    def learn(self, record: ActivityRecord) -> None:
+        tokens = record.tokens
+        self._router_of().kv.rates.learn_prompt(record.model, tokens.input_tokens, tokens.prompt_per_second)
 
 
 async def list_saves(request: web.Request) -> web.Response:
