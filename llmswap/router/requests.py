@@ -18,13 +18,13 @@ from dataclasses import replace
 from typing import Any
 
 from llmswap.process.state import ProcessState
-from llmswap.router.grant import Grant
 from llmswap.router.loop import RunLoop
 from llmswap.router.succession import Succession
 from llmswap.router.types import (
     NO_OPTIONS,
     AcquireOptions,
     CancelRequest,
+    Grant,
     NewRequest,
     ProcessLike,
     Rerouted,

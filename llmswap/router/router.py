@@ -33,7 +33,6 @@ from llmswap.process import LogRing, Process
 from llmswap.process.events import ProcessEvent
 from llmswap.process.state import ProcessState
 from llmswap.router.effects import SwapWork
-from llmswap.router.grant import Grant
 from llmswap.router.loop import RunLoop
 from llmswap.router.policy import RouterParts, RouterPolicy
 from llmswap.router.requests import RequestDesk
@@ -43,6 +42,7 @@ from llmswap.router.types import (
     NO_OPTIONS,
     AcquireOptions,
     CancelRequest,
+    Grant,
     LoadProgress,
     NewRequest,
     Observer,

@@ -16,8 +16,7 @@ from typing import Protocol
 
 from llmswap.process.events import ProcessEvent
 from llmswap.process.state import ProcessState
-from llmswap.router.grant import Grant
-from llmswap.router.types import NO_OPTIONS, AcquireOptions, ProcessLike
+from llmswap.router.types import NO_OPTIONS, AcquireOptions, Grant, ProcessLike
 from llmswap.scheduler.types import ModelLoad
 
 
