@@ -8,10 +8,14 @@ read separately.
 
 Parent-death signal (Linux): the child runs `prctl(PR_SET_PDEATHSIG, SIGKILL)` between fork and exec, so
 the kernel kills it when the proxy dies, even by SIGKILL, where no cleanup code of ours can run. The kernel
-ties that signal to the *thread* that forked, not to the process: spawn only from the event-loop thread
-(which lives as long as the proxy does), never from a worker thread that may exit. It covers the direct
-child only; the child's own children are killed with its process group by a normal stop, and by the
-child's keeper (`keeper.py`) when the proxy dies.
+ties that signal to the *thread* that forked, not to the process: children are forked by the spawner
+(`Spawner`), one thread that lives as long as the proxy does, never by a worker thread that may exit. It
+covers the direct child only; the child's own children are killed with its process group by a normal stop,
+and by the child's keeper (`keeper.py`) when the proxy dies.
+
+Why a thread of its own and not the event loop's: the preexec function rules out vfork, and `Popen` returns
+only once the child has run it and exec'd; on a busy machine that held the loop, and every request on it,
+for 124 ms (a start measured under the test suite run two ways at once; a few ms on an idle machine).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from llmswap.process.keeper import Keeper, start_keeper
 
@@ -201,18 +206,26 @@ class Child:
             self._keeper = None
 
 
-async def spawn_child(
-    argv: Sequence[str], *, env: Mapping[str, str], on_line: LineSink, keeper: bool = True
-) -> Child:
-    """Start `argv` (no shell) in its own session, stdout and stderr merged into `on_line`; with `keeper`,
-    a keeper that ends the session's group if the proxy dies.
+class Spawner:
+    """The one thread children are forked from (see the module's doc): made on the first spawn, it lives
+    until the interpreter exits, as the parent-death signal needs. Process-wide by nature, like the signal
+    it serves; nothing is kept in it but the thread."""
 
-    Raises OSError or subprocess.SubprocessError when it cannot be started. Call from the event-loop thread.
-    """
-    loop = asyncio.get_running_loop()
-    # Popen in the loop thread on purpose: fork+exec takes a few milliseconds, and the parent-death signal
-    # is tied to the forking thread, which must be one that lives as long as the proxy.
-    popen = subprocess.Popen(  # noqa: ASYNC220
+    _lock = threading.Lock()
+    _thread: ThreadPoolExecutor | None = None
+
+    @classmethod
+    def executor(cls) -> ThreadPoolExecutor:
+        with cls._lock:
+            if cls._thread is None:
+                cls._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmswap-spawner")
+            return cls._thread
+
+
+def _popen(argv: Sequence[str], env: Mapping[str, str], keeper: bool) -> tuple[subprocess.Popen[bytes],
+                                                                              Keeper | None]:
+    """On the spawner's thread: the child, and its keeper."""
+    popen = subprocess.Popen(
         list(argv),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -221,7 +234,39 @@ async def spawn_child(
         start_new_session=True,
         preexec_fn=parent_death_signal(),
     )
-    guard = start_keeper(popen.pid) if keeper else None
+    return popen, start_keeper(popen.pid) if keeper else None
+
+
+def _end_unwanted(spawned: asyncio.Future[tuple[subprocess.Popen[bytes], Keeper | None]]) -> None:
+    """A spawn whose caller was cancelled while the child started: its group is killed and reaped."""
+    if spawned.cancelled() or spawned.exception() is not None:
+        return
+    popen, guard = spawned.result()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(popen.pid, signal.SIGKILL)
+    if guard is not None:
+        guard.stand_down()
+    assert popen.stdout is not None
+    popen.stdout.close()
+    Spawner.executor().submit(popen.wait)  # reaped there: SIGKILL makes it quick
+
+
+async def spawn_child(
+    argv: Sequence[str], *, env: Mapping[str, str], on_line: LineSink, keeper: bool = True
+) -> Child:
+    """Start `argv` (no shell) in its own session, stdout and stderr merged into `on_line`; with `keeper`,
+    a keeper that ends the session's group if the proxy dies. Forked on the spawner's thread, so the event
+    loop goes on meanwhile; a caller cancelled meanwhile leaves no child behind.
+
+    Raises OSError or subprocess.SubprocessError when it cannot be started. Call from the event loop.
+    """
+    loop = asyncio.get_running_loop()
+    spawned = loop.run_in_executor(Spawner.executor(), _popen, argv, env, keeper)
+    try:
+        popen, guard = await asyncio.shield(spawned)
+    except asyncio.CancelledError:
+        spawned.add_done_callback(_end_unwanted)
+        raise
     exited = _watch_exit(loop, popen)
     eof: asyncio.Future[None] = loop.create_future()
     assert popen.stdout is not None
