@@ -164,7 +164,9 @@ async def forward(
         await sink.start(answer.status, answer.reason, answer.headers)
         while True:
             try:
-                chunk = await _guarded(watchdog, answer.read_chunk())
+                # Without a watchdog, read directly: one coroutine fewer per chunk of a stream.
+                reading = answer.read_chunk()
+                chunk = await (reading if watchdog is None else watchdog.guard(reading))
             except WatchdogExpired as exc:
                 await sink.broke(504, exc.message)
                 return False
