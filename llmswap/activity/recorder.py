@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from llmswap.activity.captures import MIB, Capture, CaptureRing, raw_size
 from llmswap.activity.query import ActivityQuery, Page, answer, stat_row, stats
 from llmswap.activity.record import ActivityRecord
-from llmswap.activity.recording import Recording, RequestFacts
+from llmswap.activity.recording import Recording, RequestFacts, RequestRecord
 
 log = logging.getLogger("llmswap.activity")
 
@@ -117,8 +117,10 @@ class ActivityRecorder:
         self.settle()
         await self.log.close()
 
-    def begin(self, facts: RequestFacts) -> Recording:
-        return Recording(facts, self, self.captures.budget)
+    def begin(self, facts: RequestFacts, record: RequestRecord | None = None) -> Recording:
+        """The recording of a request described by `facts`, whose wait is read from `record` (None: a fresh
+        one, for a request the caller keeps no record of)."""
+        return Recording(facts, self, self.captures.budget, record)
 
     def settle_soon(self, recording: Recording) -> None:
         """Keep `recording`'s row and capture with the next batch (see SETTLE_BATCH)."""

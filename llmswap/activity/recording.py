@@ -1,6 +1,13 @@
-"""One request being recorded: what the request path tells it (`request_body`, `waited`,
-`response_headers`, `chunk`, `finish`), turned into an `ActivityRecord` and, when captures are on, a
-`Capture`.
+"""The request's record (`RequestRecord`) and its activity recording (`Recording`).
+
+`RequestRecord` is one value made as a request arrives (by the HTTP middleware, or by the dispatcher for a
+task or a batch request), handed down the path as an argument and written where each fact becomes known
+(the model named, the wait, the load and its phases, the answer's first byte, the bytes relayed, a cut); it
+is read once as the request ends, for its access line and the request observers (metrics), and for its
+activity row: the `Recording` of a request reads its wait and the swap's phases from it.
+
+A `Recording` is what the request path tells about the answer (`request_body`, `response_headers`,
+`chunk`, `finish`), turned into an `ActivityRecord` and, when captures are on, a `Capture`.
 
 Nothing is buffered that the row does not need: of an event stream only its two ends are held
 (`StreamEnds`), a JSON answer is held up to `JSON_BODY_LIMIT` (its chunks as they came) to be read once at
@@ -12,7 +19,8 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from llmswap.activity.captures import Capture, packed, parts_for
@@ -33,6 +41,34 @@ STREAM_CAPTURE_LIMIT = 8 * 1024 * 1024
 CLIENT_LEFT = "the client went away during the answer"
 _DECODABLE = ("gzip", "x-gzip", "deflate")
 NO_HEADERS: Mapping[str, str] = NO_METADATA  # an empty, read-only mapping
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What the path tells the access log, the observers and the activity row about one request."""
+
+    model: str = ""
+    started: float = 0.0  # time.monotonic() when the request arrived
+    waited: float | None = None  # seconds from asking the router for the model to being granted it
+    first_byte: float | None = None  # seconds from arrival to the first byte of the upstream's answer sent
+    load: float | None = None  # seconds of `waited` its model spent loading (the rest was queueing)
+    answering: bool = False  # the answer's status line went out: no other response can follow
+    cut: str = ""  # why llmswap ended the request itself ("cancelled", "shutdown"), if it did
+    phases: tuple[tuple[str, float], ...] = ()  # the swap's phases it waited for: (name, seconds), in order
+    cached: int | None = None  # prompt tokens the upstream took from its cache, when its answer said
+    placed: str = ""  # where discover peers were weighed: the host chosen and why
+    sent: int = 0  # bytes of the upstream's answer relayed to the client so far
+
+    def loaded(self, seconds: float) -> None:
+        """The router's `on_granted`: of the request's wait, its model spent `seconds` loading."""
+        self.load = seconds
+
+    def relayed(self, size: int) -> None:
+        """`size` bytes of the upstream's answer went to the client now (the first such call is its first
+        byte)."""
+        if self.first_byte is None:
+            self.first_byte = time.monotonic() - self.started
+        self.sent += size
 
 
 class RequestFacts(NamedTuple):
@@ -120,25 +156,25 @@ class Recording:
         "_kept_parts",
         "_left",
         "_limit",
-        "_load_ms",
         "_parts",
-        "_phases",
-        "_queue_ms",
         "_raw_response_headers",
         "_read",
         "_request_body",
-        "_restore_ms",
         "_size",
         "_started",
         "_status",
         "_stream",
         "_ttfb_ms",
         "facts",
+        "record",
         "started",
     )
 
-    def __init__(self, facts: RequestFacts, keeper: RowKeeper, capture_limit: int) -> None:
+    def __init__(self, facts: RequestFacts, keeper: RowKeeper, capture_limit: int,
+                 record: RequestRecord | None = None) -> None:
         self.facts = facts
+        # The request's wait, load and the swap's phases are read from its record when the row is made.
+        self.record = record if record is not None else RequestRecord(started=time.monotonic())
         self._keeper = keeper
         self.started = time.time()
         self._started = time.perf_counter()
@@ -147,10 +183,6 @@ class Recording:
         # body); None: no capture.
         self._kept_parts = parts_for(facts.req_path) if capture_limit > 0 else None
         self._request_body: bytes | None = None
-        self._queue_ms: int | None = None
-        self._load_ms: int | None = None
-        self._restore_ms: int | None = None
-        self._phases: Mapping[str, int] = NO_PHASES
         self._ttfb_ms: int | None = None
         self._status: int | None = None
         self._content_type = ""
@@ -178,19 +210,6 @@ class Recording:
         kept = self._kept_parts
         if kept is not None and kept[1] and len(body) <= self._capture_limit:
             self._request_body = body if type(body) is bytes else bytes(body)
-
-    def waited(self, queue_seconds: float | None, load_seconds: float | None = None,
-               phases: Sequence[tuple[str, float]] = ()) -> None:
-        """Time spent behind other requests, and waiting for a model load this request caused or joined,
-        with the phases of that swap, (name, seconds) each (its `restore`: the saved KV cache read back)."""
-        self._queue_ms = None if queue_seconds is None else int(queue_seconds * 1000)
-        self._load_ms = None if load_seconds is None else int(load_seconds * 1000)
-        if phases:
-            summed: dict[str, int] = {}
-            for name, seconds in phases:
-                summed[name] = summed.get(name, 0) + int(seconds * 1000)
-            self._phases = summed
-            self._restore_ms = summed.get("restore")
 
     @property
     def answered(self) -> bool:
@@ -324,6 +343,16 @@ class Recording:
         else:
             tokens, duration = NO_TOKENS, wall_ms
         facts = self.facts
+        waited = self.record.waited
+        load = self.record.load or 0.0
+        queue_ms = None if waited is None else int((waited - load if waited > load else 0.0) * 1000)
+        load_ms = int(load * 1000) if load else None
+        phases, restore_ms = NO_PHASES, None
+        if self.record.phases:
+            summed: dict[str, int] = {}
+            for name, seconds in self.record.phases:
+                summed[name] = summed.get(name, 0) + int(seconds * 1000)
+            phases, restore_ms = summed, summed.get("restore")
         # Positional, one line per group of ActivityRecord's fields in their order: keywords would cost
         # more than half of building it.
         record = ActivityRecord(
@@ -331,8 +360,8 @@ class Recording:
             status, self._content_type, tokens, duration, message,  # resp_status_code ... error_msg
             dict(facts.metadata) if facts.metadata else NO_METADATA,  # metadata
             facts.requested_model or facts.model, facts.origin, facts.key_name,  # requested_model...
-            self.started, self._queue_ms, self._load_ms, self._ttfb_ms,  # started, queue_ms, load_ms, ttfb_ms
-            self._restore_ms, self._phases,  # restore_ms, phases
+            self.started, queue_ms, load_ms, self._ttfb_ms,  # started, queue_ms, load_ms, ttfb_ms
+            restore_ms, phases,  # restore_ms, phases
         )
         kept = self._kept_parts
         capture = None

@@ -22,7 +22,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from llmswap.activity.recorder import ActivityRecorder
-from llmswap.activity.recording import Recording, RequestFacts
+from llmswap.activity.recording import Recording, RequestFacts, RequestRecord
 from llmswap.config.model import ModelConfig
 from llmswap.router.router import Router
 from llmswap.router.types import NO_OPTIONS, AcquireOptions, ProcessLike, SwapPhase
@@ -119,10 +119,11 @@ class Dispatcher:
         the router its queue's depth); without it the model is acquired here. Raises the router's
         `SchedulerError`, or `UpstreamUnreachable` when the model does not answer.
         """
+        record = RequestRecord(model=model, started=self._clock())
         recording = None if self.recorder is None else self.recorder.begin(
-            RequestFacts(model=model, req_path=path, requested_model=requested, origin=origin))
+            RequestFacts(model=model, req_path=path, requested_model=requested, origin=origin), record)
         try:
-            answer = await self._post_json(model, path, body, requested, priority, lease, recording)
+            answer = await self._post_json(model, path, body, requested, priority, lease, record, recording)
         except BaseException as exc:
             if recording is not None:  # refused by the router, unreachable, or cancelled
                 status = 502 if isinstance(exc, UpstreamUnreachable) else getattr(exc, "status", 500)
@@ -140,13 +141,13 @@ class Dispatcher:
         requested: str,
         priority: int,
         lease: Lease | None,
+        record: RequestRecord,
         recording: Recording | None,
     ) -> UpstreamAnswer:
         held = contextlib.nullcontext(lease) if lease is not None else self.lease(
             model, AcquireOptions(priority=priority))
         async with held as lease:
-            if recording is not None:
-                recording.waited(lease.waited)
+            record.waited = lease.waited
             filtered, _ = apply_plan(body, local_plan(lease.config, requested))
             url = URL(lease.config.proxy.rstrip("/") + path)
             data = json.dumps(filtered, ensure_ascii=False, separators=(",", ":")).encode()

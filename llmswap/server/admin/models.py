@@ -24,7 +24,7 @@ from llmswap.scheduler.errors import SchedulerError
 from llmswap.scheduler.types import QueueSnapshot
 from llmswap.server.http.connections import cancel_on_hangup
 from llmswap.server.http.errors import error_response, scheduler_error_response
-from llmswap.server.http.record import request_record
+from llmswap.server.http.middleware import request_record
 from llmswap.server.inference.peer_watch import PEER_WATCH
 from llmswap.server.inference.peers import peer_models
 from llmswap.server.inference.profiles import PROFILES, pin_records

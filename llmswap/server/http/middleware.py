@@ -19,9 +19,9 @@ from typing import NamedTuple, Protocol
 from aiohttp import hdrs, web
 from yarl import URL
 
+from llmswap.activity.recording import RequestRecord
 from llmswap.server.http import auth, guard
 from llmswap.server.http.errors import error_response
-from llmswap.server.http.record import RECORD, RequestRecord
 from llmswap.server.observe.logsetup import deliver_line
 from llmswap.server.state import STATE
 from llmswap.tasks.queue.sql import TaskDatabaseUnavailable
@@ -60,6 +60,18 @@ class Answered(NamedTuple):
 
 
 UNMATCHED_ROUTE = "unmatched"
+
+# The request's record (`llmswap.activity.recording.RequestRecord`), made here as the request arrives. A
+# mutable object, so a cloned request (auth clones to drop credentials) shares it with the original.
+RECORD: web.RequestKey[RequestRecord] = web.RequestKey("llmswap_record", RequestRecord)
+
+
+def request_record(request: web.BaseRequest) -> RequestRecord:
+    """The request's record, for its route to take once and hand down (nothing below the route reaches
+    back for it). A request this middleware did not frame, as in a test calling a route directly, gets a
+    fresh one that nothing reads."""
+    record = request.get(RECORD)
+    return record if isinstance(record, RequestRecord) else RequestRecord(started=time.monotonic())
 
 # Told about every request once it is answered. Must not block.
 RequestObserver = Callable[[Answered], None]

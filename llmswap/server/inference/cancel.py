@@ -19,10 +19,9 @@ from collections.abc import Awaitable
 
 from aiohttp import hdrs, web
 
-from llmswap.activity.recording import Recording
+from llmswap.activity.recording import Recording, RequestRecord
 from llmswap.server.http.connections import cancel_on_hangup
 from llmswap.server.http.errors import error_response
-from llmswap.server.http.record import RequestRecord
 from llmswap.server.inference.inflight import INFLIGHT, Cut, InflightEntry
 from llmswap.server.inference.proxy import SseErrorFormatter, is_event_stream, openai_sse_error
 from llmswap.server.observe.activity import finish_http
@@ -41,8 +40,8 @@ async def served(
     sse_error: SseErrorFormatter = openai_sse_error,
 ) -> web.StreamResponse:
     """Await `work` as one request in flight: an in-flight entry for `model` (None: not tracked; `path` as
-    shown), a cancel of that entry turned into a clean end, and `recording` finished with what was answered
-    and what the request's `record` says of its wait.
+    shown), a cancel of that entry turned into a clean end, and `recording` (begun with `record`) finished
+    with what was answered.
 
     One frame instead of a wrapper per concern, and no watcher task: a client that hangs up cancels the
     handler's task (`connections.cancel_on_hangup`), which unwinds through the router's queue or grant and
@@ -69,10 +68,7 @@ async def served(
     finally:
         if entry is not None:
             tracker.close(entry)
-        if recording is not None:
-            if record.waited is not None:
-                load = record.load or 0.0
-                recording.waited(max(0.0, record.waited - load), record.load or None, record.phases)
+        if recording is not None:  # its wait and the swap's phases it reads from `record`, its own
             if recording.answered:
                 record.cached = recording.cached_tokens()  # the access line says it (`cached=`)
             finish_http(recording, response)

@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from llmswap.activity.captures import redacted
-from llmswap.server.http.record import RequestRecord
+from llmswap.activity.recording import RequestRecord
 
 
 def remote_ip(request: web.BaseRequest) -> str:

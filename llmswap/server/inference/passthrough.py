@@ -22,14 +22,13 @@ from urllib.parse import quote, unquote
 
 from aiohttp import web
 
-from llmswap.activity.recording import Recording
+from llmswap.activity.recording import Recording, RequestRecord
 from llmswap.config.model import Config, ModelConfig
 from llmswap.process.state import ProcessState
 from llmswap.scheduler.errors import SchedulerError
 from llmswap.server.http.connections import cancel_on_hangup, keep_on_hangup
 from llmswap.server.http.errors import error_response, scheduler_error_response
-from llmswap.server.http.middleware import too_large_message
-from llmswap.server.http.record import RequestRecord, request_record
+from llmswap.server.http.middleware import request_record, too_large_message
 from llmswap.server.inference import proxy, websocket
 from llmswap.server.inference.cancel import served
 from llmswap.server.inference.peers import forward_to_peer, peer_headers, resolve_peer
@@ -154,7 +153,7 @@ async def to_upstream(request: web.Request) -> web.StreamResponse:
     tracked = (request.method, path) in MODEL_ROUTES
     recording = None
     if tracked and request.method == "POST":
-        recording = begin_http(request, model=name, requested=name, req_path=path)
+        recording = begin_http(request, record, model=name, requested=name, req_path=path)
     if target.peer is not None:
         peer = server.config.peers[target.peer]
         # The body goes as the client sent it: no model rewrite, no filters (unlike the inference routes).

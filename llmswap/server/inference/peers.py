@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from aiohttp import web
 from yarl import URL
 
-from llmswap.activity.recording import Recording
+from llmswap.activity.recording import Recording, RequestRecord
 from llmswap.config.model import Config, PeerConfig
-from llmswap.server.http.record import RequestRecord
 from llmswap.server.inference.placement import FORWARDED_HEADER
 from llmswap.server.inference.proxy import UPSTREAMS, Body, SseErrorFormatter, forward, openai_sse_error
 from llmswap.server.state import state

@@ -17,9 +17,8 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from llmswap.activity.recording import Recording
+from llmswap.activity.recording import Recording, RequestRecord
 from llmswap.server.http.errors import error_body, error_response
-from llmswap.server.http.record import RequestRecord
 from llmswap.upstream import Dispatcher, UpstreamPool
 from llmswap.upstream.client import Body
 from llmswap.upstream.forward import Buffer, Destination, Unreachable

@@ -13,7 +13,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from llmswap.server.http.errors import error_response
-from llmswap.server.http.record import request_record
+from llmswap.server.http.middleware import request_record
 from llmswap.server.inference.passthrough import UpstreamTarget, relay_socket
 from llmswap.server.inference.peers import resolve_peer
 from llmswap.server.inference.profiles import PROFILES

@@ -18,7 +18,7 @@ from urllib.parse import urlencode
 
 from aiohttp import hdrs, web
 
-from llmswap.activity.recording import Recording
+from llmswap.activity.recording import Recording, RequestRecord
 from llmswap.config.model import ModelConfig, PeerConfig
 from llmswap.process.state import ProcessState
 from llmswap.router import Router
@@ -26,7 +26,7 @@ from llmswap.router.types import ordered_phases
 from llmswap.scheduler.errors import Preempted, SchedulerError
 from llmswap.server.http import middleware
 from llmswap.server.http.errors import error_response, scheduler_error_response
-from llmswap.server.http.record import RequestRecord, request_record
+from llmswap.server.http.middleware import request_record
 from llmswap.server.inference import guardrails
 from llmswap.server.inference.cancel import served
 from llmswap.server.inference.loading import LoadingFeedback, StreamDialect, dialect_for
@@ -243,20 +243,22 @@ async def serve(request: web.Request, route: InferenceRoute, dialect: StreamDial
                 record.placed = placed.reason
             if placed is not None and placed.host:  # another llmswap serves it better (placement.py)
                 record.model = name = f"{placed.host}/{real}"
-                recording = begin_http(request, model=name, requested=asked_for, req_path=route.upstream_path)
+                recording = begin_http(request, record, model=name, requested=asked_for,
+                                       req_path=route.upstream_path)
                 peer_config = config.peers[placed.host]
                 work = _serve_peer(request, record, peer_config, real, incoming, recording, forwarded=True)
                 return await served(request, work, record, model=name, recording=recording,
                                     sse_error=incoming.dialect.error)
             record.model = real
-            recording = begin_http(request, model=real, requested=asked_for, req_path=route.upstream_path)
+            recording = begin_http(request, record, model=real, requested=asked_for,
+                                   req_path=route.upstream_path)
             work = _serve_local(request, record, router, config.models[real], incoming, recording)
             return await served(request, work, record, model=real, recording=recording,
                                 sse_error=incoming.dialect.error)
         peer = resolve_peer(config, found.model)
         if peer is not None:
             record.model = found.model
-            recording = begin_http(request, model=found.model, requested=asked_for,
+            recording = begin_http(request, record, model=found.model, requested=asked_for,
                                    req_path=route.upstream_path)
             work = _serve_peer(request, record, peer[0], peer[1], incoming, recording)
             return await served(request, work, record, model=found.model, recording=recording,
@@ -266,7 +268,8 @@ async def serve(request: web.Request, route: InferenceRoute, dialect: StreamDial
             placed, bare = discovered
             record.placed = placed.reason
             record.model = name = f"{placed.host}/{bare}"
-            recording = begin_http(request, model=name, requested=asked_for, req_path=route.upstream_path)
+            recording = begin_http(request, record, model=name, requested=asked_for,
+                                   req_path=route.upstream_path)
             work = _serve_peer(request, record, config.peers[placed.host], bare, incoming, recording,
                                forwarded=True)
             return await served(request, work, record, model=name, recording=recording,

@@ -24,8 +24,8 @@ import aiohttp
 from aiohttp import hdrs, web
 from yarl import URL
 
+from llmswap.activity.recording import RequestRecord
 from llmswap.server.http.errors import error_response
-from llmswap.server.http.record import RequestRecord
 from llmswap.server.inference.proxy import outgoing_headers
 from llmswap.upstream.forward import describe
 

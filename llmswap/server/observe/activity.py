@@ -15,7 +15,7 @@ from aiohttp import web
 from llmswap.activity.query import QueryError, parse_query
 from llmswap.activity.record import ActivityRecord
 from llmswap.activity.recorder import ActivityRecorder, ActivitySettings
-from llmswap.activity.recording import Recording, RequestFacts
+from llmswap.activity.recording import Recording, RequestFacts, RequestRecord
 from llmswap.activity.store import open_store
 from llmswap.config.model import ApiKey, Config
 from llmswap.server.http.errors import error_response
@@ -50,13 +50,15 @@ def _key_name(keys: tuple[ApiKey, ...], key: object) -> str:
     return ""
 
 
-def begin_http(request: web.Request, *, model: str, requested: str, req_path: str) -> Recording:
+def begin_http(request: web.Request, record: RequestRecord, *, model: str, requested: str,
+               req_path: str) -> Recording:
+    """The activity recording of `request`, whose wait and swap phases it reads from its `record`."""
     server_state = request.app[STATE]
     key = request.get(API_KEY)
     name = "" if key is None else _key_name(server_state.config.api_keys, key)
     # positional (cheaper): model, req_path, requested_model, origin, key_name, method, request_headers
     facts = RequestFacts(model, req_path, requested, "http", name, request.method, request.headers)
-    return request.app[RECORDER].begin(facts)
+    return request.app[RECORDER].begin(facts, record)
 
 
 def finish_http(recording: Recording, response: web.StreamResponse | None) -> None:

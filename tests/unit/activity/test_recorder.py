@@ -17,7 +17,7 @@ from llmswap.activity.recorder import (
     ActivitySettings,
     MemoryLog,
 )
-from llmswap.activity.recording import RequestFacts
+from llmswap.activity.recording import RequestFacts, RequestRecord
 
 CHAT = "/v1/chat/completions"
 
@@ -37,9 +37,9 @@ def test_json_answer_becomes_a_row_with_its_tokens_and_a_redacted_capture():
     recorder = ActivityRecorder()
     seen = []
     recorder.listeners.append(seen.append)
-    recording = recorder.begin(facts(requested_model="alias", key_name="apiKeys[0]", origin="http"))
+    waited = RequestRecord(waited=1.75, load=1.5)  # 0.25 s in the queue, then 1.5 s for its model's load
+    recording = recorder.begin(facts(requested_model="alias", key_name="apiKeys[0]", origin="http"), waited)
     recording.request_body(b'{"model":"m1"}')
-    recording.waited(0.25, 1.5)
     recording.response_headers(200, {"Content-Type": "application/json", "Set-Cookie": "s=1"})
     body = json.dumps({"usage": {"prompt_tokens": 3, "completion_tokens": 4}}).encode()
     recording.chunk(body[:5])

@@ -12,13 +12,13 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from llmswap.activity.recording import RequestRecord
 from llmswap.config.model import Capabilities, Config, ModelConfig, PeerConfig
 from llmswap.process import ProcessEvent
 from llmswap.router import Router, SwapFinished, SwapStarted, build_router
 from llmswap.router.types import SwapPhase
 from llmswap.scheduler.errors import SwapFailed
 from llmswap.scheduler.types import SwapPlan
-from llmswap.server.http.record import RequestRecord
 from llmswap.server.inference.inflight import InflightTracker, redacted
 from llmswap.server.observe import event_feed
 from llmswap.server.observe.event_feed import EventFeed

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from llmswap.activity.recording import RequestRecord
 from llmswap.server.http.middleware import (
     CLIENT_GONE,
     Answered,
@@ -13,7 +14,6 @@ from llmswap.server.http.middleware import (
     report,
     too_large_message,
 )
-from llmswap.server.http.record import RequestRecord
 
 
 def test_access_line_names_method_path_status_duration_and_model():
