@@ -33,8 +33,14 @@ class RouterPolicy:
     """The plain policy (group and matrix routers): the swapper decides, nothing is added to a swap."""
 
     # Whether `state_of`, `adjust_running` and `granted` do anything: the plain policy's do not, and the
-    # router skips them on a warm request's path.
+    # router skips them on a warm request's path. Derived: True for a policy that overrides any of them.
     adjusts = False
+    _HOOKS = ("state_of", "adjust_running", "granted")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.adjusts = any(getattr(cls, hook) is not getattr(RouterPolicy, hook)
+                          for hook in RouterPolicy._HOOKS)
 
     def __init__(self, name: str, swapper: Swapper) -> None:
         self.name = name

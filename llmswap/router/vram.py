@@ -64,7 +64,8 @@ def looks_like_oom(text: str) -> bool:
 
 
 class VramPolicy(RouterPolicy):
-    adjusts = True  # a model being evicted to make room shows as stopping; grants mark models used
+    # Its `state_of`, `adjust_running` and `granted` act (`adjusts`): a model being evicted to make room
+    # shows as stopping, and grants mark models used.
 
     def __init__(
         self,

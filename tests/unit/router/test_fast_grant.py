@@ -114,3 +114,19 @@ async def test_a_model_stopped_behind_the_schedulers_back_is_not_granted_from_th
     assert await serve_once(router, "a") == "a"
     assert script.starts == {"a": 2}
     await router.shutdown()
+
+
+def test_a_policy_that_overrides_a_grant_hook_is_asked_on_every_grant() -> None:
+    from llmswap.router.policy import RouterPolicy
+    from llmswap.router.vram import VramPolicy
+
+    class Counting(RouterPolicy):
+        def granted(self, model: str) -> None:
+            pass
+
+    class Plain(RouterPolicy):
+        def router_extras(self) -> dict[str, object]:
+            return {}
+
+    assert (RouterPolicy.adjusts, Plain.adjusts) == (False, False)
+    assert Counting.adjusts and VramPolicy.adjusts
