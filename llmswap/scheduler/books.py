@@ -129,16 +129,22 @@ class Books:
             return False
         return self.preemption.bound is None or self.preemption.idle()
 
-    def has_room(self, req: HandlerRequest) -> bool:
-        """Whether `req` is within its model's concurrencyLimit and its API key's maxConcurrent (the
-        express lane's part of `intake.limit_refusal`: no reload's requests count there)."""
-        if self.reserved.get(req.model, 0) >= self.limit(req.model):
-            return False
-        key = req.api_key
+    def model_full(self, model: str, inherited: int = 0) -> bool:
+        """Whether `model` holds its concurrencyLimit of requests waiting or running (with `inherited` from a
+        reload's predecessor)."""
+        return self.reserved.get(model, 0) + inherited >= self.limit(model)
+
+    def key_full(self, key: str | None) -> bool:
+        """Whether API key `key` holds its maxConcurrent of requests waiting or running."""
         if key is None:
-            return True
+            return False
         key_limit = self.admission.key_limit(key)
-        return key_limit is None or self.key_reserved.get(key, 0) < key_limit
+        return key_limit is not None and self.key_reserved.get(key, 0) >= key_limit
+
+    def has_room(self, req: HandlerRequest) -> bool:
+        """Whether `req` is within its model's concurrencyLimit and its API key's maxConcurrent (the express
+        lane's check: no reload's requests count there, see `intake.limit_refusal`)."""
+        return not self.model_full(req.model) and not self.key_full(req.api_key)
 
     def unloading(self, model: str) -> bool:
         """Whether an unload of `model` has not finished stopping it."""

@@ -65,19 +65,18 @@ def admit(books: Books, req: HandlerRequest) -> Admitted | Refused:
 def limit_refusal(books: Books, req: HandlerRequest) -> Refused | None:
     """The concurrency limit `req` is over (its model's concurrencyLimit, its API key's maxConcurrent),
     or None."""
-    limit = books.limit(req.model)
-    if books.reserved.get(req.model, 0) + books.effects.inherited_in_flight(req.model) >= limit:
+    if books.model_full(req.model, books.effects.inherited_in_flight(req.model)):
+        limit = books.limit(req.model)
         return Refused(REASON_CONCURRENCY, ConcurrencyLimit(
             f"Too many requests: {req.model} already has {limit} requests waiting or running "
             f"(its concurrencyLimit); retry later",
             retry_after=retry_after(_model_slot_wait(books, req.model)),
         ))
-    key_limit = books.admission.key_limit(req.api_key)
     key = req.api_key
-    if key_limit is not None and key is not None and books.key_reserved.get(key, 0) >= key_limit:
+    if key is not None and books.key_full(key):
         return Refused(REASON_KEY, ConcurrencyLimit(
-            f"Too many requests for this API key: it already has {key_limit} requests waiting "
-            f"or running (its maxConcurrent in apiKeys); retry later",
+            f"Too many requests for this API key: it already has {books.admission.key_limit(key)} requests "
+            f"waiting or running (its maxConcurrent in apiKeys); retry later",
             retry_after=retry_after(_key_slot_wait(books, key)),
         ))
     return None
