@@ -242,24 +242,19 @@ async def serve(request: web.Request, route: InferenceRoute, dialect: StreamDial
             if placed is not None:
                 record.placed = placed.reason
             if placed is not None and placed.host:  # another llmswap serves it better (placement.py)
-                record.model = name = f"{placed.host}/{real}"
-                recording = begin_http(request, record, model=name, requested=asked_for,
-                                       req_path=route.upstream_path)
+                name = f"{placed.host}/{real}"
+                recording = _recorded(request, record, name, asked_for, route)
                 peer_config = config.peers[placed.host]
                 work = _serve_peer(request, record, peer_config, real, incoming, recording, forwarded=True)
                 return await served(request, work, record, model=name, recording=recording,
                                     sse_error=incoming.dialect.error)
-            record.model = real
-            recording = begin_http(request, record, model=real, requested=asked_for,
-                                   req_path=route.upstream_path)
+            recording = _recorded(request, record, real, asked_for, route)
             work = _serve_local(request, record, router, config.models[real], incoming, recording)
             return await served(request, work, record, model=real, recording=recording,
                                 sse_error=incoming.dialect.error)
         peer = resolve_peer(config, found.model)
         if peer is not None:
-            record.model = found.model
-            recording = begin_http(request, record, model=found.model, requested=asked_for,
-                                   req_path=route.upstream_path)
+            recording = _recorded(request, record, found.model, asked_for, route)
             work = _serve_peer(request, record, peer[0], peer[1], incoming, recording)
             return await served(request, work, record, model=found.model, recording=recording,
                                 sse_error=incoming.dialect.error)
@@ -267,9 +262,8 @@ async def serve(request: web.Request, route: InferenceRoute, dialect: StreamDial
         if discovered is not None:  # only a discover peer defines it: one hop there, marked as forwarded
             placed, bare = discovered
             record.placed = placed.reason
-            record.model = name = f"{placed.host}/{bare}"
-            recording = begin_http(request, record, model=name, requested=asked_for,
-                                   req_path=route.upstream_path)
+            name = f"{placed.host}/{bare}"
+            recording = _recorded(request, record, name, asked_for, route)
             work = _serve_peer(request, record, config.peers[placed.host], bare, incoming, recording,
                                forwarded=True)
             return await served(request, work, record, model=name, recording=recording,
@@ -286,6 +280,14 @@ async def serve(request: web.Request, route: InferenceRoute, dialect: StreamDial
         verb = "is" if len(down) == 1 else "are"
         message += f"; {', '.join(down)} defined it but {verb} down or not answering"
     return error_response(request, 404, message)
+
+
+def _recorded(request: web.Request, record: RequestRecord, model: str, asked_for: str,
+              route: InferenceRoute) -> Recording:
+    """`model` (the local id, or `host/model` at a peer) serves the request: its record says so, and its
+    activity recording begins."""
+    record.model = model
+    return begin_http(request, record, model=model, requested=asked_for, req_path=route.upstream_path)
 
 
 async def _serve_local(
