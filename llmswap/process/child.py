@@ -9,7 +9,7 @@ read separately.
 Parent-death signal (Linux): the child runs `prctl(PR_SET_PDEATHSIG, SIGKILL)` between fork and exec, so
 the kernel kills it when the proxy dies, even by SIGKILL, where no cleanup code of ours can run. The kernel
 ties that signal to the *thread* that forked, not to the process: children are forked by the spawner
-(`Spawner`), one thread that lives as long as the proxy does, never by a worker thread that may exit. It
+(`spawner`), one thread that lives as long as the proxy does, never by a worker thread that may exit. It
 covers the direct child only; the child's own children are killed with its process group by a normal stop,
 and by the child's keeper (`keeper.py`) when the proxy dies.
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -206,20 +207,12 @@ class Child:
             self._keeper = None
 
 
-class Spawner:
+@functools.cache
+def spawner() -> ThreadPoolExecutor:
     """The one thread children are forked from (see the module's doc): made on the first spawn, it lives
     until the interpreter exits, as the parent-death signal needs. Process-wide by nature, like the signal
-    it serves; nothing is kept in it but the thread."""
-
-    _lock = threading.Lock()
-    _thread: ThreadPoolExecutor | None = None
-
-    @classmethod
-    def executor(cls) -> ThreadPoolExecutor:
-        with cls._lock:
-            if cls._thread is None:
-                cls._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmswap-spawner")
-            return cls._thread
+    it serves. Asked for on event-loop threads only."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmswap-spawner")
 
 
 def _popen(argv: Sequence[str], env: Mapping[str, str], keeper: bool) -> tuple[subprocess.Popen[bytes],
@@ -248,7 +241,7 @@ def _end_unwanted(spawned: asyncio.Future[tuple[subprocess.Popen[bytes], Keeper 
         guard.stand_down()
     assert popen.stdout is not None
     popen.stdout.close()
-    Spawner.executor().submit(popen.wait)  # reaped there: SIGKILL makes it quick
+    spawner().submit(popen.wait)  # reaped there: SIGKILL makes it quick
 
 
 async def spawn_child(
@@ -261,7 +254,7 @@ async def spawn_child(
     Raises OSError or subprocess.SubprocessError when it cannot be started. Call from the event loop.
     """
     loop = asyncio.get_running_loop()
-    spawned = loop.run_in_executor(Spawner.executor(), _popen, argv, env, keeper)
+    spawned = loop.run_in_executor(spawner(), _popen, argv, env, keeper)
     try:
         popen, guard = await asyncio.shield(spawned)
     except asyncio.CancelledError:
