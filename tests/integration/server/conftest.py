@@ -4,8 +4,9 @@
 `ServerState` for `config`, starts the router, serves `create_app(state)` on 127.0.0.1 through an aiohttp
 `AppRunner`, and returns a `Served` (base URL, state, app). Everything it served is torn down when the test
 ends — the HTTP site first (open handlers get a short grace), then every router the state ever held, so no
-demo upstream outlives its test. `http` is a plain client session for talking to it; `until(predicate)`
-waits for an in-process or async condition (router state, an upstream's /props) with a generous bound.
+demo upstream outlives its test. `http` is a plain client session for talking to it; `openai_for(served)`
+an `openai` SDK client of it, closed after the test; `until(predicate)` waits for an in-process or async
+condition (router state, an upstream's /props) with a generous bound.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 import aiohttp
 import pytest
 from aiohttp import web
+from openai import AsyncOpenAI
 
 from llmswap.config.model import Config
 from llmswap.router import ProcessFactory, Router, build_router
@@ -156,6 +158,26 @@ async def serve_config() -> AsyncIterator[ServeConfig]:
             )
 
         yield serve
+
+
+OpenAiFor = Callable[..., AsyncOpenAI]
+
+
+@pytest.fixture
+async def openai_for() -> AsyncIterator[OpenAiFor]:
+    """A factory: `openai_for(served, key="unused")` → the `openai` SDK's client of that server, closed
+    when the test ends. An SDK client left open closes its connections from its finaliser, as a task on
+    whichever event loop runs when it is collected: a later test's, whose loop then logs a traceback (seen
+    failing the fuzz test, which reads its llmswap's log for tracebacks)."""
+    made: list[AsyncOpenAI] = []
+
+    def make(served: Served, key: str = "unused") -> AsyncOpenAI:
+        made.append(AsyncOpenAI(base_url=served.at("/v1"), api_key=key, max_retries=0, timeout=30))
+        return made[-1]
+
+    yield make
+    for client in made:
+        await client.close()
 
 
 @pytest.fixture

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from openai import AsyncOpenAI, NotFoundError
+from openai import NotFoundError
 
 from llmswap.config.model import ApiKey
 from llmswap.server.admin.batches import content_disposition
 from llmswap.tasks.batch_api import store
-from tests.integration.server.conftest import ServeConfig, Served
+from tests.integration.server.conftest import OpenAiFor, ServeConfig
 from tests.integration.server.test_batches import batch_config, finished, records, request_line
 
 BOUNDARY = "llmswapboundary"
@@ -29,10 +29,6 @@ def raw_upload(disposition: str, content: bytes = b"{}\n") -> bytes:
         f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; {disposition}\r\n"
         "Content-Type: application/jsonl\r\n\r\n"
     ).encode() + content + f"\r\n--{BOUNDARY}--\r\n".encode()
-
-
-def as_key(served: Served, key: str) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=served.at("/v1"), api_key=key, max_retries=0, timeout=30)
 
 
 @pytest.mark.parametrize("disposition, shown", [
@@ -53,7 +49,7 @@ async def test_a_file_name_with_control_characters_is_refused_naming_the_param(
 
 
 async def test_any_stored_file_name_downloads_with_a_safe_content_disposition(
-    tmp_path: Path, serve_config: ServeConfig, http: aiohttp.ClientSession
+    tmp_path: Path, serve_config: ServeConfig, http: aiohttp.ClientSession, openai_for: OpenAiFor
 ) -> None:
     served = await serve_config(batch_config(tmp_path))
     db = served.config.tasks.db  # type: ignore[union-attr]
@@ -67,7 +63,7 @@ async def test_any_stored_file_name_downloads_with_a_safe_content_disposition(
     assert disposition.startswith('attachment; filename="old___Set-Cookie: x=1__.jsonl"; ')
     assert disposition.endswith("filename*=UTF-8''old%22%0D%0ASet-Cookie%3A%20x%3D1%00%C3%A9.jsonl")
 
-    unicode_name = await as_key(served, "unused").files.create(file=("résumé \"q\".jsonl", b"{}\n"),
+    unicode_name = await openai_for(served, "unused").files.create(file=("résumé \"q\".jsonl", b"{}\n"),
                                                                purpose="batch")
     async with http.get(served.at(f"/v1/files/{unicode_name.id}/content")) as response:
         assert response.status == 200
@@ -76,10 +72,10 @@ async def test_any_stored_file_name_downloads_with_a_safe_content_disposition(
 
 
 async def test_each_api_key_sees_only_its_own_files_and_batches(
-    tmp_path: Path, serve_config: ServeConfig
+    tmp_path: Path, serve_config: ServeConfig, openai_for: OpenAiFor
 ) -> None:
     served = await serve_config(dataclasses.replace(batch_config(tmp_path), api_keys=KEYS))
-    alice, bob = as_key(served, "sk-alice"), as_key(served, "sk-bob")
+    alice, bob = openai_for(served, "sk-alice"), openai_for(served, "sk-bob")
     mine = await alice.files.create(file=("a.jsonl", (request_line("one", "a") + "\n").encode()),
                                     purpose="batch")
     batch = await alice.batches.create(input_file_id=mine.id, endpoint="/v1/chat/completions",
@@ -108,7 +104,7 @@ async def test_each_api_key_sees_only_its_own_files_and_batches(
 
 
 async def test_files_made_before_owners_existed_stay_readable_after_the_migration(
-    tmp_path: Path, serve_config: ServeConfig
+    tmp_path: Path, serve_config: ServeConfig, openai_for: OpenAiFor
 ) -> None:
     config = dataclasses.replace(batch_config(tmp_path), api_keys=KEYS)
     db = config.tasks.db  # type: ignore[union-attr]
@@ -119,10 +115,10 @@ async def test_files_made_before_owners_existed_stay_readable_after_the_migratio
     conn.close()
     served = await serve_config(config)
     for key in ("sk-alice", "sk-bob"):
-        client = as_key(served, key)
+        client = openai_for(served, key)
         assert (await client.files.retrieve("file-old")).filename == "old.jsonl"
         assert (await client.files.content("file-old")).content == b"{}\n"
-    fresh = await as_key(served, "sk-alice").files.create(file=("new.jsonl", b"{}\n"), purpose="batch")
+    fresh = await openai_for(served, "sk-alice").files.create(file=("new.jsonl", b"{}\n"), purpose="batch")
     assert store.get_file(db, fresh.id) == store.StoredFile(fresh.id, "new.jsonl", "batch", 3,
                                                             fresh.created_at, "alice")
 

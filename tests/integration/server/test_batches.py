@@ -15,7 +15,7 @@ from openai import AsyncOpenAI, NotFoundError
 from llmswap.config.model import Config, GroupConfig, RouterConfig, RoutingConfig, TasksConfig
 from tests.helpers.models import demo_config
 from tests.helpers.wait import eventually
-from tests.integration.server.conftest import ServeConfig, Served, serving
+from tests.integration.server.conftest import OpenAiFor, ServeConfig, serving
 
 
 def batch_config(tmp_path: Path, *flags: str) -> Config:
@@ -26,10 +26,6 @@ def batch_config(tmp_path: Path, *flags: str) -> Config:
         routing=RoutingConfig(router=RouterConfig(use="group", groups=groups)),
         tasks=TasksConfig(db=tmp_path / "tasks.sqlite"),
     )
-
-
-def client(served: Served) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=served.at("/v1"), api_key="unused", max_retries=0, timeout=30)
 
 
 def request_line(custom_id: str, model: str, text: str = "hi", url: str = "/v1/chat/completions") -> str:
@@ -68,14 +64,14 @@ def answer_of(record: dict[str, Any]) -> str:
 
 
 async def test_a_batch_runs_model_by_model_and_returns_its_answers_as_files(
-    tmp_path: Path, serve_config: ServeConfig
+    tmp_path: Path, serve_config: ServeConfig, openai_for: OpenAiFor
 ) -> None:
     served = await serve_config(batch_config(tmp_path))
     loads: Counter[str] = Counter()
     served.router.add_observer(
         lambda e: loads.update([e.model]) if getattr(e, "kind", "") == "starting" else None
     )
-    openai = client(served)
+    openai = openai_for(served)
     # Interleaved models: FIFO would swap at every line; the batch loads each model once.
     lines = [request_line(f"req-{i}", "a" if i % 2 == 0 else "b-alias", f"question {i}") for i in range(6)]
     file_id = await upload(openai, *lines, request_line("lost", "ghost"))
@@ -105,10 +101,10 @@ async def test_a_batch_runs_model_by_model_and_returns_its_answers_as_files(
 
 
 async def test_an_invalid_input_file_fails_the_batch_naming_each_line(
-    tmp_path: Path, serve_config: ServeConfig
+    tmp_path: Path, serve_config: ServeConfig, openai_for: OpenAiFor
 ) -> None:
     served = await serve_config(batch_config(tmp_path))
-    openai = client(served)
+    openai = openai_for(served)
     file_id = await upload(
         openai, request_line("one", "a"), "{not json", request_line("one", "a"),
         request_line("two", "a", url="/v1/embeddings"),
@@ -136,10 +132,10 @@ async def test_an_invalid_input_file_fails_the_batch_naming_each_line(
 
 
 async def test_cancelling_a_batch_stops_its_queued_requests(
-    tmp_path: Path, serve_config: ServeConfig
+    tmp_path: Path, serve_config: ServeConfig, openai_for: OpenAiFor
 ) -> None:
     served = await serve_config(batch_config(tmp_path, "--tokens-per-second", "10"))
-    openai = client(served)
+    openai = openai_for(served)
     file_id = await upload(openai, *(request_line(f"req-{i}", "a") for i in range(5)))
     batch = await openai.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
                                         completion_window="24h")
@@ -154,11 +150,11 @@ async def test_cancelling_a_batch_stops_its_queued_requests(
 
 
 async def test_a_batch_past_its_window_expires_with_what_it_did_not_run(
-    tmp_path: Path, serve_config: ServeConfig
+    tmp_path: Path, serve_config: ServeConfig, openai_for: OpenAiFor
 ) -> None:
     config = batch_config(tmp_path, "--tokens-per-second", "10")
     served = await serve_config(config)
-    openai = client(served)
+    openai = openai_for(served)
     file_id = await upload(openai, *(request_line(f"req-{i}", "a") for i in range(5)))
     batch = await openai.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
                                         completion_window="24h")
@@ -176,10 +172,10 @@ async def test_a_batch_past_its_window_expires_with_what_it_did_not_run(
     assert sorted([*outputs, *errors]) == [f"req-{i}" for i in range(5)]
 
 
-async def test_a_batch_carries_on_after_a_restart(tmp_path: Path) -> None:
+async def test_a_batch_carries_on_after_a_restart(tmp_path: Path, openai_for: OpenAiFor) -> None:
     config = batch_config(tmp_path, "--tokens-per-second", "20")
     async with serving(config) as first:
-        openai = client(first)
+        openai = openai_for(first)
         file_id = await upload(openai, *(request_line(f"req-{i}", "a") for i in range(4)))
         batch = await openai.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
                                             completion_window="24h")
@@ -191,7 +187,7 @@ async def test_a_batch_carries_on_after_a_restart(tmp_path: Path) -> None:
         await eventually(one_answered, within=30, what="a first answer")
     # The server stopped mid-batch; the next one on the same database finishes it.
     async with serving(config) as second:
-        openai = client(second)
+        openai = openai_for(second)
         done = await finished(openai, batch.id)
         assert done.request_counts is not None
         assert done.request_counts.total == 4

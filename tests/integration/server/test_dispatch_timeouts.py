@@ -55,26 +55,27 @@ async def run_task(http: aiohttp.ClientSession, served: Served) -> dict[str, Any
 
 async def run_batch(served: Served) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The output and error records of a one-request batch."""
-    openai = AsyncOpenAI(base_url=served.at("/v1"), api_key="unused", max_retries=0, timeout=30)
-    line = json.dumps({"custom_id": "one", "method": "POST", "url": "/v1/chat/completions", "body": chat()})
-    uploaded = await openai.files.create(file=("in.jsonl", (line + "\n").encode()), purpose="batch")
-    batch = await openai.batches.create(
-        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
+    async with AsyncOpenAI(base_url=served.at("/v1"), api_key="unused", max_retries=0, timeout=30) as openai:
+        line = json.dumps({"custom_id": "one", "method": "POST", "url": "/v1/chat/completions",
+                           "body": chat()})
+        uploaded = await openai.files.create(file=("in.jsonl", (line + "\n").encode()), purpose="batch")
+        batch = await openai.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
 
-    async def completed() -> bool:
-        nonlocal batch
-        batch = await openai.batches.retrieve(batch.id)
-        return batch.status == "completed"
+        async def completed() -> bool:
+            nonlocal batch
+            batch = await openai.batches.retrieve(batch.id)
+            return batch.status == "completed"
 
-    await eventually(completed, within=30, interval=0.05, what="the batch to complete")
+        await eventually(completed, within=30, interval=0.05, what="the batch to complete")
 
-    async def record(file_id: str | None) -> dict[str, Any] | None:
-        if file_id is None:
-            return None
-        return dict(json.loads((await openai.files.content(file_id)).text.splitlines()[0]))
+        async def record(file_id: str | None) -> dict[str, Any] | None:
+            if file_id is None:
+                return None
+            return dict(json.loads((await openai.files.content(file_id)).text.splitlines()[0]))
 
-    return await record(batch.output_file_id), await record(batch.error_file_id)
+        return await record(batch.output_file_id), await record(batch.error_file_id)
 
 
 @pytest.mark.parametrize("response_header", [0.0, 20.0], ids=["unset", "long"])

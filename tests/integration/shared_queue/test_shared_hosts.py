@@ -92,31 +92,30 @@ async def test_tasks_submitted_on_one_host_run_on_the_host_that_serves_their_typ
             assert f"demo {'a' if row['type'] == 'letters' else 'b'} says" in json.dumps(row["result"])
 
         # The Batch API is shared too: a batch for box2's model, created and read back on box1.
-        client = openai.AsyncOpenAI(base_url=f"{one.url}/v1", api_key="unused", max_retries=0)
-        lines = [json.dumps({"custom_id": f"r{n}", "method": "POST", "url": "/v1/chat/completions",
-                             "body": {"model": "b", "max_tokens": 4,
-                                      "messages": [{"role": "user", "content": f"batch {n}"}]}})
-                 for n in range(2)]
-        uploaded = await client.files.create(file=("in.jsonl", ("\n".join(lines) + "\n").encode()),
-                                             purpose="batch")
-        batch = await client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                            completion_window="24h")
+        async with (openai.AsyncOpenAI(base_url=f"{one.url}/v1", api_key="unused", max_retries=0) as client,
+                    openai.AsyncOpenAI(base_url=f"{two.url}/v1", api_key="unused",
+                                       max_retries=0) as two_files):
+            lines = [json.dumps({"custom_id": f"r{n}", "method": "POST", "url": "/v1/chat/completions",
+                                 "body": {"model": "b", "max_tokens": 4,
+                                          "messages": [{"role": "user", "content": f"batch {n}"}]}})
+                     for n in range(2)]
+            uploaded = await client.files.create(file=("in.jsonl", ("\n".join(lines) + "\n").encode()),
+                                                 purpose="batch")
+            batch = await client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                                completion_window="24h")
 
-        async def batch_completed() -> bool:
-            return (await client.batches.retrieve(batch.id)).status == "completed"
+            async def batch_completed() -> bool:
+                return (await client.batches.retrieve(batch.id)).status == "completed"
 
-        await eventually(batch_completed, within=30, what="the batch completing on the host serving b")
-        done = await client.batches.retrieve(batch.id)
-        assert done.output_file_id is not None and done.request_counts is not None
-        assert done.request_counts.completed == 2
-        output = (await client.files.content(done.output_file_id)).text
-        assert sorted(json.loads(line)["custom_id"] for line in output.splitlines()) == ["r0", "r1"]
-        rows = db.job_tasks(pg_db, done_seq(pg_db, batch.id), "batch:")
-        assert {r.host for r in rows} == {"box2"}
-        two_files = openai.AsyncOpenAI(base_url=f"{two.url}/v1", api_key="unused", max_retries=0)
-        assert (await two_files.files.content(done.output_file_id)).text == output
-        await client.close()
-        await two_files.close()
+            await eventually(batch_completed, within=30, what="the batch completing on the host serving b")
+            done = await client.batches.retrieve(batch.id)
+            assert done.output_file_id is not None and done.request_counts is not None
+            assert done.request_counts.completed == 2
+            output = (await client.files.content(done.output_file_id)).text
+            assert sorted(json.loads(line)["custom_id"] for line in output.splitlines()) == ["r0", "r1"]
+            rows = db.job_tasks(pg_db, done_seq(pg_db, batch.id), "batch:")
+            assert {r.host for r in rows} == {"box2"}
+            assert (await two_files.files.content(done.output_file_id)).text == output
 
 
 def done_seq(pg_db: PostgresDb, batch_id: str) -> int:
