@@ -14,6 +14,7 @@ The server runs on its own event loop in a thread, so hypothesis drives a plain 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -83,6 +84,9 @@ class _Tracebacks(logging.Handler):
 def llmswap_in_a_thread(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Background]:
     tmp: Path = tmp_path_factory.mktemp("fuzz")
     background = Background(exclusive_config(demo_config("m"), tasks=TasksConfig(db=tmp / "tasks.sqlite")))
+    # Earlier tests' garbage is finalised here, before this llmswap's loop runs: a finaliser that schedules
+    # work on the running loop (an SDK client left open does) would otherwise log its failure as this one's.
+    gc.collect()
     handler = _Tracebacks(background.tracebacks)
     logging.getLogger().addHandler(handler)
     thread = threading.Thread(target=background.run, name="llmswap-fuzz", daemon=True)
