@@ -16,7 +16,7 @@ from llmswap.server.admin import kvcache as kvcache_http
 from llmswap.server.admin import models as admin
 from llmswap.server.admin import tasks as tasks_http
 from llmswap.server.http import guard, middleware
-from llmswap.server.inference import cancel, peer_watch, profiles, realtime
+from llmswap.server.inference import inflight, peer_watch, profiles, realtime
 from llmswap.server.inference import passthrough as upstream
 from llmswap.server.inference import routes as inference
 from llmswap.server.observe import activity as activity_api
@@ -55,10 +55,9 @@ def create_app(server_state: ServerState, services: Services | None = None) -> w
     events.setup(app)
     profiles.setup(app)
     activity_api.setup(app)
-    activity_api.publish_to(parts.recorder, parts.events)
     _follow_routers(server_state, parts)
     count_tokens(parts.metrics.registry, parts.recorder)
-    cancel.setup(app)
+    inflight.setup(app)
     peer_watch.setup(app)
     performance_api.setup(app)
     ui.setup(app)

@@ -86,7 +86,7 @@ def build_services(
         inflight=inflight,
         sockets=sockets,
         metrics=metrics,
-        events=EventFeed(state, inflight, **(feed_options or {})),
+        events=EventFeed(state, inflight, recorder=recorder, **(feed_options or {})),
         performance=Performance(state.config, metrics),
         profiles=Profiles(state.config),
         selectors=Selectors(),

@@ -1,27 +1,43 @@
-"""The requests in flight, as llama-swap's `inflight` events show them: one entry per model-routed request
-(the inference routes, and `/upstream/<model>/<path>` when the path is itself an inference route) from the
-moment its model is known until its handler returns.
+"""The requests in flight: the frame each model-routed request runs in (`served`), the entries llama-swap's
+`inflight` events show, and ending one from llmswap's side (`POST /api/inflight/{id}/cancel`, the end of a
+graceful stop's grace), cleanly for its client.
 
-An entry holds what the request said (method, path, headers with credentials redacted, client address) and
-what has gone back so far (response headers once sent, body bytes relayed). The tracker tells its listeners
-(the events feed) `upsert` when an entry is added and when its response headers go out, and `remove` when
-it ends; byte progress is read by whoever publishes, at its own pace (see `EventFeed`).
+One entry per model-routed request (the inference routes, and `/upstream/<model>/<path>` when the path is
+itself an inference route) from the moment its model is known until its handler returns. An entry holds
+what the request said (method, path, headers with credentials redacted, client address) and what has gone
+back so far (response headers once sent, body bytes relayed). The tracker tells its listeners (the events
+feed) `upsert` when an entry is added and when its response headers go out, and `remove` when it ends; byte
+progress is read by whoever publishes, at its own pace (see `EventFeed`).
+
+`served` is the one frame such a request runs in: its entry, its cut, the end of its activity recording.
+The tracker cancels the task serving the request (`InflightTracker.cut`); the cancellation unwinds through
+the router grant (the model's in-flight count drops as for any finished request) and the upstream call (its
+connection is closed, so the upstream stops generating). `served` then turns it into a clean end that says
+why: an error event and the end of an event stream already under way, an error body when nothing was sent
+yet, a cut connection for any other body already started (never a complete-looking truncated one).
 """
-
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from llmswap.activity.captures import redacted
-from llmswap.activity.recording import RequestRecord
+from llmswap.activity.recording import Recording, RequestRecord
+from llmswap.server.http.connections import cancel_on_hangup
+from llmswap.server.http.errors import error_response
+from llmswap.server.inference.proxy import SseErrorFormatter, is_event_stream, openai_sse_error
+from llmswap.server.observe.activity import finish_http
+
+log = logging.getLogger("llmswap.proxy")
 
 
 def remote_ip(request: web.BaseRequest) -> str:
@@ -148,7 +164,7 @@ class InflightTracker:
 
     def cut(self, entry: InflightEntry, cut: Cut) -> bool:
         """End `entry`'s request: its serving task is cancelled, and the code that serves it (see
-        `llmswap.server.inference.cancel`) gives the client a clean end that says why. False when it
+        `served`) gives the client a clean end that says why. False when it
         already ended."""
         if entry.task is None or entry.task.done():
             return False
@@ -184,5 +200,91 @@ async def _on_prepare(request: web.BaseRequest, response: web.StreamResponse) ->
         entry.tracker.responded(entry, response)
 
 
+# -------------------------------------------------------------------------------- the frame
+
+
+async def served(
+    request: web.Request,
+    work: Awaitable[web.StreamResponse],
+    record: RequestRecord,
+    *,
+    model: str | None,
+    path: str | None = None,
+    recording: Recording | None = None,
+    sse_error: SseErrorFormatter = openai_sse_error,
+) -> web.StreamResponse:
+    """Await `work` as one request in flight: an in-flight entry for `model` (None: not tracked; `path` as
+    shown), a cancel of that entry turned into a clean end, and `recording` (begun with `record`) finished
+    with what was answered.
+
+    One frame instead of a wrapper per concern, and no watcher task: a client that hangs up cancels the
+    handler's task (`connections.cancel_on_hangup`), which unwinds through the router's queue or grant and
+    the upstream call like any cancellation; it is told apart from a cancel through
+    `/api/inflight/{id}/cancel` or a stop by the entry's `cut`, and from a preemption by the router, which
+    turns its own cancel into `Preempted` before it gets here."""
+    task = asyncio.current_task()
+    cancel_on_hangup(request, task)
+    tracker = request.app[INFLIGHT]
+    entry = tracker.open(request, record, model, path, task) if model is not None else None
+    response: web.StreamResponse | None = None
+    try:
+        response = await work
+        return response
+    except asyncio.CancelledError:
+        if entry is None or entry.cut is None or task is None:
+            if recording is not None:
+                recording.client_left()
+            raise  # the client left
+        task.uncancel()
+        record.cut = entry.cut.reason
+        response = await _cut_end(request, entry, entry.cut, sse_error, recording)
+        return response
+    finally:
+        if entry is not None:
+            tracker.close(entry)
+        if recording is not None:  # its wait and the swap's phases it reads from `record`, its own
+            if recording.answered:
+                record.cached = recording.cached_tokens()  # the access line says it (`cached=`)
+            finish_http(recording, response)
+
+
+async def _cut_end(
+    request: web.Request, entry: InflightEntry, cut: Cut, sse_error: SseErrorFormatter,
+    recording: Recording | None,
+) -> web.StreamResponse:
+    """The client's clean end after llmswap cut its request: an error body when nothing was sent yet, an
+    error event and the end of an event stream under way, else a cut connection (never a
+    complete-looking truncated body)."""
+    log.info("%s %s: %s", request.method, request.path, cut.message)
+    if recording is not None:
+        recording.fail(cut.status, cut.message)
+    response = entry.response
+    if response is None or not response.prepared:
+        return error_response(request, cut.status, cut.message)
+    if is_event_stream(response.headers.get(hdrs.CONTENT_TYPE, "")):
+        with contextlib.suppress(ConnectionError):
+            await response.write(sse_error(cut.status, cut.message))
+            await response.write_eof()
+        return response
+    if request.transport is not None:
+        request.transport.close()
+    return response
+
+
+async def list_route(request: web.Request) -> web.Response:
+    """`GET /api/inflight`: the requests in flight now, oldest first (the entries `inflight` events carry)."""
+    tracker = request.app[INFLIGHT]
+    now = tracker.monotonic()
+    return web.json_response({"requests": [entry.as_dict(now) for entry in tracker.entries()]})
+
+
+async def cancel_route(request: web.Request) -> web.Response:
+    if request.app[INFLIGHT].cancel(request.match_info["id"]):
+        return web.json_response({"msg": "ok"})
+    return error_response(request, 404, "inflight request not found")
+
+
 def setup(app: web.Application) -> None:
     app.on_response_prepare.append(_on_prepare)
+    app.router.add_get("/api/inflight", list_route)
+    app.router.add_post("/api/inflight/{id}/cancel", cancel_route)

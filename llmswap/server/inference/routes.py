@@ -2,7 +2,7 @@
 the upstream, wait for the model (with loading feedback when asked), then stream the upstream's answer.
 
 A request goes to a local model (by id or alias) when one matches, else to a peer, else it is a 404. The
-request runs in `cancel.served` (its in-flight entry, cancel and activity recording), which has the
+request runs in `inflight.served` (its in-flight entry, cancel and activity recording), which has the
 handler cancelled when its client hangs up (`connections.cancel_on_hangup`): a client that hangs up while
 queued leaves the queue (the router never starts a model for it), one that hangs up mid-stream closes the
 upstream request.
@@ -28,7 +28,7 @@ from llmswap.server.http import middleware
 from llmswap.server.http.errors import error_response, scheduler_error_response
 from llmswap.server.http.middleware import request_record
 from llmswap.server.inference import guardrails
-from llmswap.server.inference.cancel import served
+from llmswap.server.inference.inflight import served
 from llmswap.server.inference.loading import LoadingFeedback, StreamDialect, dialect_for
 from llmswap.server.inference.peer_watch import PEER_WATCH, discovered_for, placement_for
 from llmswap.server.inference.peers import forward_to_peer, resolve_peer

@@ -1,8 +1,8 @@
 """The activity routes and the recorder's place in the app.
 
 Owns the app's `ActivityRecorder` (made from the config; a reload changes its bounds in place; the store
-opens at startup, off the event loop), what an HTTP request tells it (`begin_http`, `finish_http`), the
-`activity` event after each stored row, and the routes: `GET /api/metrics/activity`,
+opens at startup, off the event loop), what an HTTP request tells it (`begin_http`, `finish_http`) and the
+routes (the `activity` event after each stored row is the event feed's): `GET /api/metrics/activity`,
 `GET /api/metrics/stats`, `GET /api/captures/{id}` (llama-swap's shapes and error texts).
 """
 
@@ -13,15 +13,12 @@ import logging
 from aiohttp import web
 
 from llmswap.activity.query import QueryError, parse_query
-from llmswap.activity.record import ActivityRecord
 from llmswap.activity.recorder import ActivityRecorder, ActivitySettings
 from llmswap.activity.recording import Recording, RequestFacts, RequestRecord
 from llmswap.activity.store import open_store
 from llmswap.config.model import ApiKey, Config
 from llmswap.server.http.errors import error_response
 from llmswap.server.http.middleware import CLIENT_GONE
-from llmswap.server.observe.event_feed import EventFeed
-from llmswap.server.observe.eventbus import Event
 from llmswap.server.state import API_KEY, STATE, state
 
 log = logging.getLogger("llmswap.activity")
@@ -131,16 +128,6 @@ def setup(app: web.Application) -> None:
     app.router.add_get("/api/captures/{id}", capture)
     app.on_startup.append(_open_store)
     app.on_cleanup.append(_close_store)
-
-
-def publish_to(recorder: ActivityRecorder, feed: EventFeed) -> None:
-    """Send `activity {id}` on /api/events after each stored row."""
-
-    def on_row(record: ActivityRecord) -> None:
-        if feed.bus.subscribers:
-            feed.bus.publish(Event("activity", {"id": record.id}))
-
-    recorder.listeners.append(on_row)
 
 
 async def _open_store(app: web.Application) -> None:

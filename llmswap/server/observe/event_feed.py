@@ -6,7 +6,9 @@ Sources (each typed; nothing here reads log text):
   `swap`; process events → `processEvent`, then `modelStatus` when a model's state changed;
 - the proxy and upstream `LogRing`s → `logData`, one frame per line;
 - the `InflightTracker` → `inflight` upsert/remove; byte progress at most once per `poll` per request;
-- the log rings and the tracker are listened to only while a stream is open: nobody listening, no work;
+- the `ActivityRecorder`'s stored rows → `activity {id}`;
+- the log rings, the tracker and the recorder are listened to only while a stream is open: nobody
+  listening, no work;
 - the scheduler's queue counts, looked at right after each router event and every `poll` seconds while
   anyone listens → `queue`;
 - `publish(item)` for typed events from other modules, mapped by `TYPED_EVENTS`.
@@ -24,6 +26,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from llmswap.activity.record import ActivityRecord
+from llmswap.activity.recorder import ActivityRecorder
 from llmswap.process.events import ProcessEvent
 from llmswap.process.logring import LogRing
 from llmswap.router.router import Router, SwapFinished, SwapStarted
@@ -54,6 +58,7 @@ class EventFeed:
         server_state: ServerState,
         inflight: InflightTracker,
         *,
+        recorder: ActivityRecorder | None = None,
         max_pending: int = MAX_PENDING,
         keepalive: float = KEEPALIVE_INTERVAL,
         poll: float = POLL_INTERVAL,
@@ -82,6 +87,7 @@ class EventFeed:
         self._rings: dict[int, tuple[LogRing, Callable[[str], None]]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None  # the streams' loop, once one subscribed
         self.inflight = inflight
+        self.recorder = recorder
         self._follow_log(server_state.proxy_log, "proxy")
 
     # ------------------------------------------------------------------ routers
@@ -154,15 +160,18 @@ class EventFeed:
     # ------------------------------------------------------------------ logs and in-flight requests
 
     def _listening(self, anyone: bool) -> None:
-        # Told by the bus when its first subscriber joins and its last leaves. The log rings and the
-        # in-flight tracker call the feed only in between: with nobody listening (the common case) a
+        # Told by the bus when its first subscriber joins and its last leaves. The log rings, the in-flight
+        # tracker and the recorder call the feed only in between: with nobody listening (the common case) a
         # request costs the feed nothing.
         listeners = self.inflight.listeners
+        rows = self.recorder.listeners if self.recorder is not None else []
         if anyone:
             # What a new stream's opening frames show: progress is published from there on.
             self._sent_bytes = {entry.id: entry.resp_bytes for entry in self.inflight.entries()}
             if self.on_inflight not in listeners:
                 listeners.append(self.on_inflight)
+            if self.on_activity not in rows:
+                rows.append(self.on_activity)
             for ring, on_line in self._rings.values():
                 if on_line not in ring.listeners:
                     ring.listeners.append(on_line)
@@ -170,9 +179,15 @@ class EventFeed:
             self._sent_bytes = {}
             if self.on_inflight in listeners:
                 listeners.remove(self.on_inflight)
+            if self.on_activity in rows:
+                rows.remove(self.on_activity)
             for ring, on_line in self._rings.values():
                 if on_line in ring.listeners:
                     ring.listeners.remove(on_line)
+
+    def on_activity(self, record: ActivityRecord) -> None:
+        """A row was stored: `activity {id}` (the status page then reads the row)."""
+        self.bus.publish(Event("activity", {"id": record.id}))
 
     def _follow_log(self, ring: LogRing, source: str) -> None:
         if id(ring) in self._rings:

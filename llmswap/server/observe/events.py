@@ -16,7 +16,6 @@ import logging
 
 from aiohttp import web
 
-from llmswap.server.inference import inflight
 from llmswap.server.observe.event_feed import EventFeed
 from llmswap.server.observe.eventbus import KEEPALIVE, Event, Mark, Subscription
 
@@ -34,7 +33,6 @@ HEADERS = {
 
 
 def setup(app: web.Application) -> None:
-    inflight.setup(app)
     app.router.add_get("/api/events", stream)
     app.on_shutdown.append(_end_streams)
 

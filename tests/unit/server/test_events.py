@@ -12,7 +12,8 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from llmswap.activity.recording import RequestRecord
+from llmswap.activity.recorder import ActivityRecorder
+from llmswap.activity.recording import RequestFacts, RequestRecord
 from llmswap.config.model import Capabilities, Config, ModelConfig, PeerConfig
 from llmswap.process import ProcessEvent
 from llmswap.router import Router, SwapFinished, SwapStarted, build_router
@@ -323,6 +324,27 @@ def test_streams_opened_one_after_another_each_get_every_log_line_once():
     second = feed.bus.subscribe()
     state.proxy_log.append("to the second")
     assert of_type(drain(second), "logData") == [{"source": "proxy", "data": "to the second\n"}]
+
+
+def test_stored_activity_rows_are_announced_only_while_a_stream_is_open():
+    recorder = ActivityRecorder()
+    _, feed = feed_for(model("a"), recorder=recorder)
+
+    def row(path: str) -> int:
+        recording = recorder.begin(RequestFacts("a", path))
+        recording.response_headers(200, {"Content-Type": "application/json"})
+        record = recording.finish()
+        assert record is not None
+        return record.id
+
+    row("/v1/before")
+    assert feed.on_activity not in recorder.listeners  # nobody listens: a stored row costs the feed nothing
+    stream = feed.bus.subscribe()
+    seen = row("/v1/while")
+    assert of_type(drain(stream), "activity") == [{"id": seen}]
+    stream.close()
+    row("/v1/after")
+    assert feed.on_activity not in recorder.listeners
 
 
 async def test_a_stream_gets_progress_of_a_request_begun_before_it_opened_only_once_bytes_move():
