@@ -105,10 +105,10 @@ def switch_recording_off() -> None:
 
     import llmswap.server
     from llmswap.activity.recorder import ActivityRecorder
-    from llmswap.server.observe import activity as activity_api
+    from llmswap.server.inference import inflight
 
     nothing = {"begin_http": lambda *args, **kwargs: NULL_RECORDING, "finish_http": _nothing}
-    originals = {name: getattr(activity_api, name) for name in nothing}
+    originals = {name: getattr(inflight, name) for name in nothing}
     for found in pkgutil.walk_packages(llmswap.server.__path__, "llmswap.server."):
         module = importlib.import_module(found.name)
         for name, original in originals.items():

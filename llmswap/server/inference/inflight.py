@@ -9,7 +9,8 @@ back so far (response headers once sent, body bytes relayed). The tracker tells 
 feed) `upsert` when an entry is added and when its response headers go out, and `remove` when it ends; byte
 progress is read by whoever publishes, at its own pace (see `EventFeed`).
 
-`served` is the one frame such a request runs in: its entry, its cut, the end of its activity recording.
+`served` is the one frame such a request runs in: its entry, its cut, the end of its activity recording
+(begun by `begin_http` once its model is known, ended by `finish_http` with what was answered).
 The tracker cancels the task serving the request (`InflightTracker.cut`); the cancellation unwinds through
 the router grant (the model's in-flight count drops as for any finished request) and the upstream call (its
 connection is closed, so the upstream stops generating). `served` then turns it into a clean end that says
@@ -31,11 +32,14 @@ from typing import Any
 from aiohttp import hdrs, web
 
 from llmswap.activity.captures import redacted
-from llmswap.activity.recording import Recording, RequestRecord
+from llmswap.activity.recording import Recording, RequestFacts, RequestRecord
+from llmswap.config.model import ApiKey
 from llmswap.server.http.connections import cancel_on_hangup
 from llmswap.server.http.errors import error_response
+from llmswap.server.http.middleware import CLIENT_GONE
 from llmswap.server.inference.proxy import SseErrorFormatter, is_event_stream, openai_sse_error
-from llmswap.server.observe.activity import finish_http
+from llmswap.server.observe.activity import RECORDER
+from llmswap.server.state import API_KEY, STATE
 
 log = logging.getLogger("llmswap.proxy")
 
@@ -201,6 +205,45 @@ async def _on_prepare(request: web.BaseRequest, response: web.StreamResponse) ->
 
 
 # -------------------------------------------------------------------------------- the frame
+
+
+def _key_name(keys: tuple[ApiKey, ...], key: object) -> str:
+    for index, candidate in enumerate(keys):
+        if candidate is key:  # the usual case: auth found it in this config
+            return f"apiKeys[{index}]"
+    for index, candidate in enumerate(keys):  # found in the config before a reload
+        if candidate == key:
+            return f"apiKeys[{index}]"
+    return ""
+
+
+def begin_http(request: web.Request, record: RequestRecord, *, model: str, requested: str,
+               req_path: str) -> Recording:
+    """The activity recording of `request`, whose wait and swap phases it reads from its `record`."""
+    server_state = request.app[STATE]
+    key = request.get(API_KEY)
+    name = "" if key is None else _key_name(server_state.config.api_keys, key)
+    # positional (cheaper): model, req_path, requested_model, origin, key_name, method, request_headers
+    facts = RequestFacts(model, req_path, requested, "http", name, request.method, request.headers)
+    return request.app[RECORDER].begin(facts, record)
+
+
+def finish_http(recording: Recording, response: web.StreamResponse | None) -> None:
+    """End `recording` with what was answered: the upstream's answer it saw pass, else the response
+    llmswap made itself, else (no response: the handler was cancelled) the client's leaving. Its row and
+    capture are kept with the recorder's next batch (`finish_soon`): the activity routes settle it first."""
+    try:
+        if recording.answered:
+            recording.finish_soon()
+        elif response is None:
+            recording.finish_soon(CLIENT_GONE, error="the client went away before the answer")
+        elif isinstance(response, web.Response):
+            body = response.body if isinstance(response.body, bytes) else None
+            recording.finish_soon(response.status, content_type=response.content_type, body=body)
+        else:
+            recording.finish_soon(response.status, content_type=response.content_type)
+    except Exception:
+        log.exception("activity: recording a request failed")
 
 
 async def served(

@@ -30,7 +30,7 @@ from llmswap.server.http.connections import cancel_on_hangup, keep_on_hangup
 from llmswap.server.http.errors import error_response, scheduler_error_response
 from llmswap.server.http.middleware import request_record, too_large_message
 from llmswap.server.inference import proxy, websocket
-from llmswap.server.inference.inflight import served
+from llmswap.server.inference.inflight import begin_http, served
 from llmswap.server.inference.peers import forward_to_peer, peer_headers, resolve_peer
 from llmswap.server.inference.profiles import PROFILES
 from llmswap.server.inference.proxy import DISPATCHER, UPSTREAMS
@@ -41,7 +41,6 @@ from llmswap.server.inference.routes import (
     read_body,
     request_priority,
 )
-from llmswap.server.observe.activity import begin_http
 from llmswap.server.state import request_options, state
 
 PREFIX = "/upstream/"

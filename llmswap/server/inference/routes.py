@@ -28,7 +28,7 @@ from llmswap.server.http import middleware
 from llmswap.server.http.errors import error_response, scheduler_error_response
 from llmswap.server.http.middleware import request_record
 from llmswap.server.inference import guardrails
-from llmswap.server.inference.inflight import served
+from llmswap.server.inference.inflight import begin_http, served
 from llmswap.server.inference.loading import LoadingFeedback, StreamDialect, dialect_for
 from llmswap.server.inference.peer_watch import PEER_WATCH, discovered_for, placement_for
 from llmswap.server.inference.peers import forward_to_peer, resolve_peer
@@ -50,7 +50,6 @@ from llmswap.server.inference.resolve import (
     unknown_model_message,
 )
 from llmswap.server.inference.selectors import SELECTORS, NoTarget, SelectorHold
-from llmswap.server.observe.activity import begin_http
 from llmswap.server.state import request_api_key, request_options, state
 from llmswap.upstream.filters import FilterPlan, apply_plan, local_plan, plan_for
 

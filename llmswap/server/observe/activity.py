@@ -1,9 +1,10 @@
 """The activity routes and the recorder's place in the app.
 
 Owns the app's `ActivityRecorder` (made from the config; a reload changes its bounds in place; the store
-opens at startup, off the event loop), what an HTTP request tells it (`begin_http`, `finish_http`) and the
-routes (the `activity` event after each stored row is the event feed's): `GET /api/metrics/activity`,
-`GET /api/metrics/stats`, `GET /api/captures/{id}` (llama-swap's shapes and error texts).
+opens at startup, off the event loop) and the routes: `GET /api/metrics/activity`, `GET /api/metrics/stats`,
+`GET /api/captures/{id}` (llama-swap's shapes and error texts). What an HTTP request tells the recorder is
+the in-flight frame's (`llmswap.server.inference.inflight`); the `activity` event after each row, the event
+feed's.
 """
 
 from __future__ import annotations
@@ -14,12 +15,10 @@ from aiohttp import web
 
 from llmswap.activity.query import QueryError, parse_query
 from llmswap.activity.recorder import ActivityRecorder, ActivitySettings
-from llmswap.activity.recording import Recording, RequestFacts, RequestRecord
 from llmswap.activity.store import open_store
-from llmswap.config.model import ApiKey, Config
+from llmswap.config.model import Config
 from llmswap.server.http.errors import error_response
-from llmswap.server.http.middleware import CLIENT_GONE
-from llmswap.server.state import API_KEY, STATE, state
+from llmswap.server.state import STATE
 
 log = logging.getLogger("llmswap.activity")
 
@@ -29,51 +28,6 @@ RECORDER: web.AppKey[ActivityRecorder] = web.AppKey("llmswap_recorder", Activity
 def settings_of(config: Config) -> ActivitySettings:
     wanted = config.activity
     return ActivitySettings(max_in_memory=wanted.max_in_memory, capture_mb=wanted.capture_mb)
-
-
-def key_name(request: web.Request) -> str:
-    """Which configured key the request used, as `apiKeys[<index>]`: never the key itself."""
-    key = request.get(API_KEY)
-    return "" if key is None else _key_name(state(request).config.api_keys, key)
-
-
-def _key_name(keys: tuple[ApiKey, ...], key: object) -> str:
-    for index, candidate in enumerate(keys):
-        if candidate is key:  # the usual case: auth found it in this config
-            return f"apiKeys[{index}]"
-    for index, candidate in enumerate(keys):  # found in the config before a reload
-        if candidate == key:
-            return f"apiKeys[{index}]"
-    return ""
-
-
-def begin_http(request: web.Request, record: RequestRecord, *, model: str, requested: str,
-               req_path: str) -> Recording:
-    """The activity recording of `request`, whose wait and swap phases it reads from its `record`."""
-    server_state = request.app[STATE]
-    key = request.get(API_KEY)
-    name = "" if key is None else _key_name(server_state.config.api_keys, key)
-    # positional (cheaper): model, req_path, requested_model, origin, key_name, method, request_headers
-    facts = RequestFacts(model, req_path, requested, "http", name, request.method, request.headers)
-    return request.app[RECORDER].begin(facts, record)
-
-
-def finish_http(recording: Recording, response: web.StreamResponse | None) -> None:
-    """End `recording` with what was answered: the upstream's answer it saw pass, else the response
-    llmswap made itself, else (no response: the handler was cancelled) the client's leaving. Its row and
-    capture are kept with the recorder's next batch (`finish_soon`): the routes below settle it first."""
-    try:
-        if recording.answered:
-            recording.finish_soon()
-        elif response is None:
-            recording.finish_soon(CLIENT_GONE, error="the client went away before the answer")
-        elif isinstance(response, web.Response):
-            body = response.body if isinstance(response.body, bytes) else None
-            recording.finish_soon(response.status, content_type=response.content_type, body=body)
-        else:
-            recording.finish_soon(response.status, content_type=response.content_type)
-    except Exception:
-        log.exception("activity: recording a request failed")
 
 
 # -------------------------------------------------------------------------------- routes
