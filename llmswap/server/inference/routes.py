@@ -296,26 +296,27 @@ async def _serve_local(
     found = incoming.found
     body = outgoing_body(incoming.raw, found, local_plan(model, found.model))
     feedback: LoadingFeedback | None = None
-    position = 0
-    load = 0.0  # seconds of its wait its model spent loading (the router says, once granted)
+    # What the router tells a request that may show its model loading (a stream of a model that sends its
+    # loading state): its place in the queue, and that it was admitted (a loading stream begins then).
+    on_position: Callable[[int], None] | None = None
+    on_admitted: Callable[[ProcessState], None] | None = None
+    if found.streaming and model.send_loading_state:
+        position = 0
 
-    def on_position(new_position: int) -> None:
-        nonlocal position
-        position = new_position
-        if feedback is not None:
-            feedback.set_position(new_position)
+        def placed(new_position: int) -> None:
+            nonlocal position
+            position = new_position
+            if feedback is not None:
+                feedback.set_position(new_position)
 
-    def on_granted(seconds: float) -> None:
-        nonlocal load
-        load = seconds
-        record.load = seconds
+        def admitted(model_state: ProcessState) -> None:
+            nonlocal feedback
+            if model_state is not ProcessState.READY:
+                feedback = LoadingFeedback(request, model.id, found.model, incoming.dialect,
+                                           position=position, progress=lambda: router.load_progress(model.id))
+                feedback.start()
 
-    def on_admitted(model_state: ProcessState) -> None:
-        nonlocal feedback
-        if found.streaming and model.send_loading_state and model_state is not ProcessState.READY:
-            feedback = LoadingFeedback(request, model.id, found.model, incoming.dialect, position=position,
-                                       progress=lambda: router.load_progress(model.id))
-            feedback.start()
+        on_position, on_admitted = placed, admitted
 
     refusal = guardrails.over_context(request.app, model, found.document)
     if refusal is not None:  # issue 16: refused before it waits, and no model is loaded for it
@@ -327,11 +328,11 @@ async def _serve_local(
             deadline_ms=incoming.deadline_ms or model.deadline_ms or None,
             on_admitted=on_admitted,
             on_position=on_position,
-            on_granted=on_granted,
+            on_granted=record.loaded,  # of its wait, the seconds its model spent loading
         )
         async with request.app[DISPATCHER].lease(model.id, asking, router=router) as lease:
             record.waited = lease.waited
-            if load:
+            if record.load:
                 record.phases = tuple((p.phase, p.seconds) for p in ordered_phases(lease.phases))
             loading_response = await feedback.finish() if feedback is not None else None
             await guardrails.learn_reported_context(request.app, lease.config, lease.upstream)
