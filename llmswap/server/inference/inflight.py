@@ -10,13 +10,14 @@ feed) `upsert` when an entry is added and when its response headers go out, and 
 progress is read by whoever publishes, at its own pace (see `EventFeed`).
 
 `served` is the one frame such a request runs in: its entry, its cut, the end of its activity recording
-(begun by `begin_http` once its model is known, ended by `finish_http` with what was answered).
-The tracker cancels the task serving the request (`InflightTracker.cut`); the cancellation unwinds through
-the router grant (the model's in-flight count drops as for any finished request) and the upstream call (its
+(begun by `begin_http` once its model is known, ended by `finish_http` with what was answered). The tracker
+cancels the task serving the request (`InflightTracker.cut`); the cancellation unwinds through the router
+grant (the model's in-flight count drops as for any finished request) and the upstream call (its
 connection is closed, so the upstream stops generating). `served` then turns it into a clean end that says
 why: an error event and the end of an event stream already under way, an error body when nothing was sent
 yet, a cut connection for any other body already started (never a complete-looking truncated one).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -167,9 +168,8 @@ class InflightTracker:
         return sum(self.cut(entry, cut) for entry in list(self._entries.values()))
 
     def cut(self, entry: InflightEntry, cut: Cut) -> bool:
-        """End `entry`'s request: its serving task is cancelled, and the code that serves it (see
-        `served`) gives the client a clean end that says why. False when it
-        already ended."""
+        """End `entry`'s request: its serving task is cancelled, and the frame it runs in (`served`) gives
+        the client a clean end that says why. False when it already ended."""
         if entry.task is None or entry.task.done():
             return False
         if entry.cut is None:
