@@ -64,7 +64,7 @@ async def test_any_stored_file_name_downloads_with_a_safe_content_disposition(
     assert disposition.endswith("filename*=UTF-8''old%22%0D%0ASet-Cookie%3A%20x%3D1%00%C3%A9.jsonl")
 
     unicode_name = await openai_for(served, "unused").files.create(file=("résumé \"q\".jsonl", b"{}\n"),
-                                                               purpose="batch")
+                                                                   purpose="batch")
     async with http.get(served.at(f"/v1/files/{unicode_name.id}/content")) as response:
         assert response.status == 200
         assert response.content_disposition is not None
