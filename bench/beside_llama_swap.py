@@ -35,8 +35,7 @@ import psutil
 
 from bench import proxy_overhead
 from bench.launch import HOST, find_llama_swap, free_port, running_llmswap, running_process
-from bench.report import Row, markdown_table, ms, per_second, ratio
-from bench.report import machine as describe_machine
+from bench.report import Row, ms, per_second, print_report, ratio
 
 MODEL = proxy_overhead.MODEL
 BLOCK = 100  # sequential requests per side before the next side's turn
@@ -200,10 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     began = time.monotonic()
     table = asyncio.run(measure(args.requests, args.streams, args.chunks, args.rounds))
-    print(markdown_table(table))
-    print()
-    print(describe_machine())
-    print(f"\n`python -m bench.beside_llama_swap` took {time.monotonic() - began:.0f} s")
+    print_report(table, "python -m bench.beside_llama_swap", began)
     return 0
 
 

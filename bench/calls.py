@@ -39,8 +39,7 @@ from aiohttp import web
 
 from bench import bare_proxy, proxy_overhead
 from bench.launch import HOST, free_port, wait_answering
-from bench.report import Row, markdown_table, ratio
-from bench.report import machine as describe_machine
+from bench.report import Row, print_report, ratio
 
 WARM_UP = 30
 AFTER = 0.2  # seconds counted after the last answer: the recorder keeps rows within SETTLE_AFTER (50 ms)
@@ -210,11 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=50, help="requests counted per server")
     args = parser.parse_args(argv)
     began = time.monotonic()
-    table = asyncio.run(measure(args.requests))
-    print(markdown_table(table))
-    print()
-    print(describe_machine())
-    print(f"\n`python -m bench.calls` took {time.monotonic() - began:.0f} s")
+    print_report(asyncio.run(measure(args.requests)), "python -m bench.calls", began)
     return 0
 
 

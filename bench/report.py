@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,3 +74,12 @@ def machine(versions: Iterable[tuple[str, str]] = ()) -> str:
     parts = [f"{cpu_model()}, {os.cpu_count()} cores", f"{platform.system()} {platform.release()}",
              f"Python {platform.python_version()}", *(f"{name} {version}" for name, version in versions)]
     return "; ".join(parts)
+
+
+def print_report(rows: Sequence[Row], command: str, began: float) -> None:
+    """A benchmark's output: its table, the machine, and the command with how long it took (`began`: its
+    `time.monotonic()` at the start)."""
+    print(markdown_table(rows))
+    print()
+    print(machine())
+    print(f"\n`{command}` took {time.monotonic() - began:.0f} s")
