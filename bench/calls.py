@@ -117,7 +117,7 @@ async def calls_per_request(port: int, requests: int) -> dict[str, float]:
 
 
 @contextlib.asynccontextmanager
-async def upstream(folder: Path) -> AsyncIterator[str]:
+async def upstream() -> AsyncIterator[str]:
     port = free_port()
     process = subprocess.Popen(  # noqa: ASYNC220 (started once, before anything is counted)
         [sys.executable, "-m", "bench.proxy_overhead", "--serve-upstream", "--port", str(port)],
@@ -132,8 +132,8 @@ async def upstream(folder: Path) -> AsyncIterator[str]:
         process.wait(10)
 
 
-async def count_bare(folder: Path, requests: int) -> dict[str, float]:
-    async with upstream(folder) as url:
+async def count_bare(requests: int) -> dict[str, float]:
+    async with upstream() as url:
         runner = web.AppRunner(bare_proxy.app(url), access_log=None)
         await runner.setup()
         port = free_port()
@@ -199,7 +199,7 @@ def rows(bare: dict[str, float], ours: dict[str, float], requests: int) -> list[
 async def measure(requests: int) -> list[Row]:
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
-        bare = await count_bare(folder, requests)
+        bare = await count_bare(requests)
         ours = await count_llmswap(folder, requests)
     return rows(bare, ours, requests)
 
