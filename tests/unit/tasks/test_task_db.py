@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-import threading
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from llmswap.tasks.queue.db import (
     task_stats,
     update_task_status,
 )
+from tests.helpers.race import all_at_once
 from tests.unit.tasks.helpers import WAIT
 
 
@@ -52,21 +52,7 @@ def test_insert_dedupes_a_queued_or_running_pair(db: Path) -> None:
 
 def test_insert_dedupe_is_atomic_across_threads(db: Path) -> None:
     racers = 8
-    start_together = threading.Barrier(racers)
-    outcomes: list[tuple[int, bool]] = []
-    lock = threading.Lock()
-
-    def submit() -> None:
-        start_together.wait(WAIT)
-        outcome = insert_task(db, "cover_letter", 99)
-        with lock:
-            outcomes.append(outcome)
-
-    threads = [threading.Thread(target=submit) for _ in range(racers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT)
+    outcomes = all_at_once(lambda: insert_task(db, "cover_letter", 99), racers, WAIT)
 
     assert len(outcomes) == racers
     assert len({task_id for task_id, _ in outcomes}) == 1

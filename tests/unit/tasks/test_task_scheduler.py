@@ -41,6 +41,7 @@ from llmswap.tasks.queue.db import (
     reset_running_tasks,
     update_task_status,
 )
+from tests.helpers.race import all_at_once
 from tests.unit.tasks.helpers import (
     WAIT,
     Call,
@@ -360,21 +361,8 @@ def test_singleton_thread_safe(db: Path, run_task: RecordingRunTask, monkeypatch
 
     monkeypatch.setattr(scheduler_module, "TaskScheduler", CountingScheduler)
     callers = 8
-    start_together = threading.Barrier(callers)
-    results: list[TaskScheduler] = []
-    results_lock = threading.Lock()
-
-    def call_get_scheduler() -> None:
-        start_together.wait(WAIT)
-        scheduler = get_scheduler(db, run_task, available_vram=UNLIMITED_VRAM_GB)
-        with results_lock:
-            results.append(scheduler)
-
-    threads = [threading.Thread(target=call_get_scheduler) for _ in range(callers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT)
+    results = all_at_once(lambda: get_scheduler(db, run_task, available_vram=UNLIMITED_VRAM_GB), callers,
+                          WAIT)
 
     assert len(results) == callers
     assert len(built) == 1
